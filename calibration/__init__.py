@@ -1,0 +1,1 @@
+"""Measuring the user's own hardware: operator and collective benchmarks, reference workload, validation."""

@@ -1,0 +1,1 @@
+"""Runtime hooks inside DeepSpeed / GPT-NeoX training runs."""

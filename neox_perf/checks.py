@@ -1,0 +1,112 @@
+"""Verdicts on a config: what NeoX/DeepSpeed would refuse, and what will not fit or is odd.
+
+"error" mirrors a refusal in NeoX (arguments.py, gpt2_model.py, training.py:get_model) or
+DeepSpeed (PipelineModule); "fail" is a valid config that will not work as wanted.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+from .config.specs import NeoxConfig
+from .config.verdicts import Verdict
+
+
+def _src(cfg: NeoxConfig, key: str) -> Optional[str]:
+    return cfg.sources.get(key)
+
+
+def config_verdicts(cfg: NeoxConfig) -> List[Verdict]:
+    m, p, t = cfg.model, cfg.parallel, cfg.training
+    mp, out = p.model_parallel_size, []
+
+    def add(code, level, message, key, fix):
+        out.append(Verdict(code, level, message, key=key, file=_src(cfg, key), fix=fix))
+
+    if m.hidden_size % m.num_attention_heads:
+        add("hidden_divisible_by_heads", "error",
+            f"hidden_size {m.hidden_size} is not divisible by num_attention_heads {m.num_attention_heads}",
+            "hidden_size", "choose heads that divide hidden_size")
+    if m.num_attention_heads % mp:
+        add("heads_divisible_by_mp", "error",
+            f"num_attention_heads {m.num_attention_heads} is not divisible by model_parallel_size {mp}",
+            "model_parallel_size", "use a model_parallel_size that divides the head count")
+    if m.num_kv_heads != m.num_attention_heads:
+        if m.num_attention_heads % m.num_kv_heads:
+            add("kv_heads_divide_heads", "error",
+                f"num_kv_heads {m.num_kv_heads} does not divide num_attention_heads "
+                f"{m.num_attention_heads}", "num_kv_heads", "use a divisor of the head count")
+        if m.num_kv_heads % mp:
+            add("kv_heads_divisible_by_mp", "error",
+                f"num_kv_heads {m.num_kv_heads} is not divisible by model_parallel_size {mp}",
+                "num_kv_heads", "NeoX needs at least one KV head per tensor-parallel rank")
+        if set(m.attention_types) - {"global", "flash"}:
+            add("gqa_attention_type", "error", "GQA/MQA works only with flash or global attention",
+                "attention_config", "use global or flash attention with num_kv_heads")
+    if m.pos_emb == "learned" and m.seq_length > m.max_position_embeddings:
+        add("seq_within_positions", "error",
+            f"seq_length {m.seq_length} exceeds max_position_embeddings {m.max_position_embeddings}",
+            "seq_length", "raise max_position_embeddings or shorten seq_length")
+    elif m.seq_length > m.max_position_embeddings:
+        # NeoX's validate_values refuses this whatever the position embedding.
+        add("seq_within_positions", "error",
+            f"seq_length {m.seq_length} exceeds max_position_embeddings {m.max_position_embeddings}",
+            "max_position_embeddings", "set max_position_embeddings >= seq_length")
+    if t.zero_stage >= 2 and (p.pipe_parallel_size >= 1 or mp > 1):
+        add("zero_with_model_parallel", "error",
+            f"ZeRO stage {t.zero_stage} with pipe_parallel_size {p.pipe_parallel_size} / "
+            f"model_parallel_size {mp}: NeoX's get_model exits", "zero_optimization",
+            "use ZeRO stage 0 or 1, or pipe_parallel_size 0 and model_parallel_size 1")
+    if m.intermediate_size and m.expansion_factor:
+        add("mlp_size_twice", "error", "intermediate_size and expansion_factor are both set",
+            "expansion_factor", "set only one of them")
+    if m.moe_num_experts > 1 and t.zero_stage >= 2:
+        add("moe_zero", "error", "MoE is not compatible with ZeRO stage 2 and 3",
+            "zero_optimization", "use ZeRO stage 0 or 1")
+    if p.sequence_parallel and mp == 1:
+        add("sequence_parallel_noop", "warning", "sequence_parallel has no effect with model_parallel_size 1",
+            "sequence_parallel", "drop it or raise model_parallel_size")
+    if t.precision == "fp32":
+        add("fp32_training", "warning", "neither fp16 nor bf16 is enabled: training runs in fp32",
+            "fp16", "enable fp16 or bf16 unless fp32 is intended")
+    return out
+
+
+def stage_verdicts(cfg: NeoxConfig, transformer_layers: Sequence[int]) -> List[Verdict]:
+    out = []
+    for i, n in enumerate(transformer_layers):
+        if n == 0:
+            out.append(Verdict(
+                "stage_without_layers", "warning",
+                f"pipeline stage {i} holds no transformer layer", key="pipe_parallel_size",
+                file=_src(cfg, "pipe_parallel_size"),
+                fix="use fewer pipeline stages or another pipe_partition_method"))
+    return out
+
+
+def memory_verdicts(stage_bytes: Sequence[int], capacity: Optional[int], gpu: str) -> List[Verdict]:
+    if not capacity:
+        return []
+    out = []
+    for i, used in enumerate(stage_bytes):
+        if used > capacity:
+            out.append(Verdict(
+                "out_of_memory", "fail",
+                f"stage {i} needs {used / 2**30:.1f} GiB per GPU, the {gpu} has {capacity / 2**30:.0f} GiB",
+                key="train_micro_batch_size_per_gpu",
+                fix="enable checkpoint_activations, lower the micro-batch, or add pipeline/model parallelism"))
+    if not out:
+        worst = max(stage_bytes) if stage_bytes else 0
+        out.append(Verdict("fits_in_memory", "ok",
+                           f"every stage fits: at most {worst / 2**30:.1f} of {capacity / 2**30:.0f} GiB"))
+    return out
+
+
+def time_verdict(iteration_seconds: float, limit: Optional[float]) -> List[Verdict]:
+    if limit is None:
+        return []
+    if iteration_seconds > limit:
+        return [Verdict("iteration_too_slow", "fail",
+                        f"predicted iteration {iteration_seconds:.3f} s exceeds --max-iteration-seconds {limit:g}",
+                        fix="change the layout or raise the limit")]
+    return [Verdict("iteration_within_limit", "ok",
+                    f"predicted iteration {iteration_seconds:.3f} s is within {limit:g} s")]

@@ -1,0 +1,108 @@
+"""The neox-perf command line: parse, run a command, render its result, exit with a named code.
+
+Commands return result objects; rendering (rich text or the versioned --json envelope)
+happens in one place, so every command speaks the same way and the JSON stays pinned.
+Heavy modules (torch, deepspeed) are imported only by the commands that need them.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import List, Optional
+
+from . import __version__, exitcodes
+from .errors import NeoxPerfError, UsageError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit code USAGE, like every other problem
+        sys.stderr.write(f"neox-perf: usage error: {message} (see `{self.prog} --help`)\n")
+        raise SystemExit(exitcodes.USAGE)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number")
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="neox-perf", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"neox-perf {__version__}")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+
+    check = sub.add_parser("check", help="what a NeoX config builds, whether it fits, how long it takes")
+    check.add_argument("configs", nargs="+", metavar="CONFIG",
+                       help="NeoX YAML files, merged in order as deepy.py does")
+    check.add_argument("-d", "--conf-dir", help="directory prefixed to every CONFIG (deepy.py -d)")
+    world = check.add_mutually_exclusive_group()
+    world.add_argument("--gpus", type=_positive_int, help="total GPUs of the job")
+    world.add_argument("--nodes", type=_positive_int, help="nodes of the job (x GPUs per node)")
+    check.add_argument("--gpus-per-node", type=_positive_int,
+                       help="GPUs per node (default: the cluster profile's)")
+    check.add_argument("--cluster", help="bundled cluster profile name or profile directory "
+                                         "(see `neox-perf clusters`)")
+    check.add_argument("--vocab-size", type=_positive_int,
+                       help="raw tokenizer vocabulary, when the tokenizer file is not readable here")
+    check.add_argument("--max-iteration-seconds", type=_positive_float,
+                       help="fail (exit 3) when the predicted iteration is slower than this")
+    check.add_argument("--json", action="store_true", help="print one versioned JSON envelope")
+
+    clusters = sub.add_parser("clusters", help="list the cluster profiles and their provenance")
+    clusters.add_argument("--json", action="store_true", help="print one versioned JSON envelope")
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return exitcodes.USAGE
+    want_json = bool(getattr(args, "json", False))
+    try:
+        if args.command == "check":
+            from .commands.check import run_check
+            result = run_check(args)
+        elif args.command == "clusters":
+            from .commands.clusters import run_clusters
+            result = run_clusters(args)
+        else:  # pragma: no cover - argparse rejects unknown commands
+            raise UsageError(f"unknown command {args.command}")
+    except NeoxPerfError as exc:
+        code = exitcodes.USAGE if isinstance(exc, UsageError) else exitcodes.INVALID_CONFIG
+        return _fail(args.command, exc.line(), code, want_json)
+    except KeyboardInterrupt:
+        return _fail(args.command, "interrupted", exitcodes.USAGE, want_json)
+    except Exception as exc:  # a bug of ours: still one line, never a traceback
+        return _fail(args.command, f"internal error: {exc.__class__.__name__}: {exc} "
+                                   f"(please report it)", exitcodes.INTERNAL, want_json)
+    from .render import emit
+    emit(result, want_json)
+    return result.exit_code
+
+
+def _fail(command: str, line: str, code: int, want_json: bool) -> int:
+    sys.stderr.write(f"neox-perf: {line}\n")
+    if want_json:
+        from .render.envelope import error_envelope, dump
+        sys.stdout.write(dump(error_envelope(command, line, code)) + "\n")
+    return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

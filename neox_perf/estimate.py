@@ -1,0 +1,158 @@
+"""Time the decomposition with a cluster profile and run the 1F1B timeline.
+
+Every operator call is predicted once per distinct shape (all transformer layers share one),
+so a 96-layer model costs no more to predict than a 2-layer one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+from .operators import CommCall, Decomposition, OpCall, StageWork
+from .timeline import StageCost, Timeline, simulate_1f1b
+
+
+@dataclass(frozen=True)
+class Flag:
+    what: str  # operator/collective and phase, e.g. "linear3 bwd" or "allreduce 16x4"
+    reason: str
+
+
+@dataclass(frozen=True)
+class StageTimes:
+    index: int
+    layer_forward: float  # one transformer layer, one micro-batch (incl. its TP all-reduces)
+    layer_backward: float
+    forward: float  # whole stage, one micro-batch
+    backward: float  # incl. recompute
+    recompute: float
+    mp_allreduce: float  # TP all-reduce seconds per micro-batch (fwd + bwd + recompute)
+    send_activation: float
+    send_gradient: float
+    grad_allreduce: float
+    tied_allreduce: float
+    optimizer: float
+    param_allgather: float
+
+
+@dataclass(frozen=True)
+class IterationEstimate:
+    iteration_seconds: float
+    timeline: Timeline
+    stages: Tuple[StageTimes, ...]
+    breakdown: Dict[str, float]
+    operators: Dict[str, float]  # seconds per iteration on the critical stage, per operator+phase
+    flags: Tuple[Flag, ...]
+    eq7_seconds: float
+
+
+class _Cache:
+    def __init__(self, profile):
+        self.profile = profile
+        self.memo: Dict[tuple, float] = {}
+        self.flags: Dict[str, str] = {}
+
+    def time(self, call) -> float:
+        if isinstance(call, OpCall):
+            key = ("op", call.op, call.phase, call.features)
+            if key not in self.memo:
+                pred = self.profile.predict(call.op, call.phase, call.feature_dict())
+                self._note(f"{call.op} {call.phase}", pred)
+                self.memo[key] = float(pred.seconds)
+            return self.memo[key]
+        key = ("comm", call.kind, call.elements, call.nodes, call.gpus_per_node)
+        if key not in self.memo:
+            pred = self.profile.predict_collective(call.kind, call.elements, call.nodes,
+                                                   call.gpus_per_node)
+            self._note(f"{call.kind} {call.nodes}x{call.gpus_per_node}", pred)
+            self.memo[key] = float(pred.seconds)
+        return self.memo[key]
+
+    def _note(self, what: str, pred) -> None:
+        if getattr(pred, "extrapolated", False) and what not in self.flags:
+            self.flags[what] = getattr(pred, "reason", "") or "outside the sampled range"
+
+    def total(self, calls) -> float:
+        return sum(self.time(c) * c.count for c in calls)
+
+    def comm(self, calls, purpose: str) -> float:
+        return sum(self.time(c) * c.count for c in calls
+                   if isinstance(c, CommCall) and c.purpose == purpose)
+
+
+def _stage_times(work: StageWork, cache: _Cache) -> StageTimes:
+    lf = cache.total(work.layer_forward)
+    lb = cache.total(work.layer_backward)
+    n = work.transformer_layers
+    recompute = work.recompute_layers * lf
+    fwd = n * lf + cache.total(work.forward)
+    bwd = n * lb + recompute + cache.total(work.backward)
+    mp = (n * (cache.comm(work.layer_forward, "mp_allreduce") + cache.comm(work.layer_backward, "mp_allreduce"))
+          + work.recompute_layers * cache.comm(work.layer_forward, "mp_allreduce")
+          + cache.comm(work.forward, "mp_allreduce") + cache.comm(work.backward, "mp_allreduce"))
+    return StageTimes(
+        index=work.index, layer_forward=lf, layer_backward=lb, forward=fwd, backward=bwd,
+        recompute=recompute, mp_allreduce=mp,
+        send_activation=cache.time(work.send_activation) if work.send_activation else 0.0,
+        send_gradient=cache.time(work.send_gradient) if work.send_gradient else 0.0,
+        grad_allreduce=cache.total(work.grad_sync), tied_allreduce=cache.total(work.tied_sync),
+        optimizer=cache.time(work.optimizer), param_allgather=cache.total(work.param_allgather))
+
+
+def _operator_seconds(work: StageWork, cache: _Cache, micro_batches: int) -> Dict[str, float]:
+    out: Dict[str, float] = {}
+    n = work.transformer_layers
+
+    def add(calls, times: float):
+        for c in calls:
+            name = f"{c.op} {c.phase}" if isinstance(c, OpCall) else f"{c.purpose} {c.phase}"
+            out[name] = out.get(name, 0.0) + cache.time(c) * c.count * times
+
+    add(work.layer_forward, n * micro_batches)
+    add(work.layer_backward, n * micro_batches)
+    for c in work.layer_forward:
+        if isinstance(c, OpCall):
+            name = f"{c.op} recompute"
+            out[name] = out.get(name, 0.0) + cache.time(c) * c.count * work.recompute_layers * micro_batches
+    add(work.forward, micro_batches)
+    add(work.backward, micro_batches)
+    add(work.grad_sync, 1)
+    add(work.param_allgather, 1)
+    add((work.optimizer,), 1)
+    return {k: v for k, v in out.items() if v > 0}
+
+
+def estimate(decomp: Decomposition, profile) -> IterationEstimate:
+    from .timeline import eq7_seconds
+    cache = _Cache(profile)
+    times = [_stage_times(w, cache) for w in decomp.stages]
+    costs = [StageCost(forward=t.forward, backward=t.backward, send_activation=t.send_activation,
+                       send_gradient=t.send_gradient, grad_allreduce=t.grad_allreduce,
+                       tied_allreduce=t.tied_allreduce, optimizer=t.optimizer,
+                       param_allgather=t.param_allgather) for t in times]
+    m = decomp.micro_batches
+    tl = simulate_1f1b(costs, m)
+    crit = tl.critical_stage
+    c = tl.components
+    first_layer_stage = next((t for t in times if t.layer_forward > 0), times[0])
+    breakdown = {
+        "encoder_forward": first_layer_stage.layer_forward,
+        "encoder_backward": first_layer_stage.layer_backward,
+        "stage_forward_max": max(t.forward for t in times),
+        "stage_backward_max": max(t.backward for t in times),
+        "pipeline": c.get("pipeline_seconds", 0.0),
+        "bubble": c.get("bubble_seconds", 0.0),
+        "dp_allreduce": max(t.grad_allreduce for t in times),
+        "dp_allreduce_exposed": c.get("dp_allreduce_exposed", 0.0),
+        "dp_allgather": max(t.param_allgather for t in times),
+        "optimizer": max(t.optimizer for t in times),
+        "update": c.get("update_seconds", 0.0),
+        "mp_allreduce": times[crit].mp_allreduce * m,
+        "pp_p2p": c.get("pp_p2p_seconds", 0.0),
+        "tied_allreduce": max(t.tied_allreduce for t in times),
+    }
+    return IterationEstimate(
+        iteration_seconds=tl.iteration_seconds, timeline=tl, stages=tuple(times),
+        breakdown=breakdown, operators=_operator_seconds(decomp.stages[crit], cache, m),
+        flags=tuple(Flag(k, v) for k, v in sorted(cache.flags.items())),
+        eq7_seconds=eq7_seconds(costs, m))

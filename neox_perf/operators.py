@@ -1,0 +1,268 @@
+"""The operator calls one training iteration makes, per pipeline stage, with no timing.
+
+Each transformer layer, the embedding and the head become the operators of the paper's
+Table I with *generic per-rank shapes* (see opspec), so GQA, gated MLPs and odd widths are
+described exactly rather than as multiples of d. Communication is counted from GPT-NeoX's
+and DeepSpeed's real code:
+- tensor parallel (megatron/mpu/mappings.py): a RowParallelLinear all-reduces its output in
+  forward; a ColumnParallelLinear all-reduces its input gradient in backward. A layer has
+  two of each (attention dense + MLP out; QKV + MLP in), except gpt_j_residual, whose two
+  branches share a single forward reduction. VocabParallelEmbedding reduces in forward; the
+  column-parallel head reduces its input gradient in backward.
+- pipeline: DeepSpeed partitions the p2p activation over the tensor-parallel ranks
+  (PipelineEngine.is_pipe_partitioned = is_model_parallel), so each rank sends b*l*d/mp.
+- data parallel: gradients are all-reduced in reduce_bucket_size buckets; ZeRO-1 then
+  all-gathers the updated partition in allgather_bucket_size buckets.
+Ranks are placed as DeepSpeed's PipeModelDataParallelTopology does: model innermost, then
+data, then pipe, filling nodes of gpus_per_node GPUs in rank order.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from .config.specs import NeoxConfig
+from .opspec import op_bytes, op_flops
+
+Features = Tuple[Tuple[str, float], ...]
+
+
+@dataclass(frozen=True)
+class OpCall:
+    op: str  # opspec operator name
+    phase: str  # fwd | bwd | step
+    features: Features  # per-rank workload shape, sorted by name
+    count: float  # calls per micro-batch (per iteration for the optimizer)
+    scope: str  # layer | embedding | head | loss | recompute | optimizer
+    flops: float  # per call
+    bytes: float  # per call
+
+    def feature_dict(self) -> Dict[str, float]:
+        return dict(self.features)
+
+
+@dataclass(frozen=True)
+class CommCall:
+    kind: str  # allreduce | allgather | p2p
+    purpose: str  # mp_allreduce | dp_allreduce | dp_allgather | pp_p2p | tied_allreduce
+    phase: str  # fwd | bwd | step
+    elements: float  # fp16 elements per rank, as the collective samples define them
+    nodes: int  # nodes the group spans
+    gpus_per_node: int  # group members per node
+    count: float  # calls per micro-batch (per iteration for dp/tied/allgather)
+    scope: str
+
+
+@dataclass(frozen=True)
+class StageShape:
+    """What the decomposition needs to know about one pipeline stage."""
+
+    index: int
+    transformer_layers: int
+    has_embedding: bool
+    has_head: bool
+    params_per_rank: int  # parameters this stage's ranks hold (incl. a tied embedding copy)
+
+
+@dataclass(frozen=True)
+class StageWork:
+    index: int
+    transformer_layers: int
+    layer_forward: Tuple[object, ...]  # one transformer layer's fwd calls (count = per layer)
+    layer_backward: Tuple[object, ...]
+    forward: Tuple[object, ...]  # non-layer fwd calls of the stage (embedding, head, loss)
+    backward: Tuple[object, ...]  # non-layer bwd calls
+    recompute_layers: int  # layers whose forward reruns in backward (activation checkpointing)
+    send_activation: Optional[CommCall]
+    send_gradient: Optional[CommCall]
+    grad_sync: Tuple[CommCall, ...]
+    tied_sync: Tuple[CommCall, ...]
+    optimizer: OpCall
+    param_allgather: Tuple[CommCall, ...]
+
+
+@dataclass(frozen=True)
+class Decomposition:
+    stages: Tuple[StageWork, ...]
+    micro_batches: int
+    dtype_bytes: int
+    notes: Tuple[str, ...]  # approximations the user should know about
+
+
+def group_placement(size: int, stride: int, gpus_per_node: int) -> Tuple[int, int]:
+    """(nodes, members per node) of a group of `size` ranks spaced `stride` apart."""
+    if size <= 1:
+        return 1, 1
+    if stride >= gpus_per_node:
+        return size, 1
+    per_node = max(1, min(size, gpus_per_node // stride))
+    return math.ceil(size / per_node), per_node
+
+
+def _call(op: str, phase: str, count: float, scope: str, dtype_bytes: int, **features) -> OpCall:
+    feats = tuple(sorted((k, float(v)) for k, v in features.items()))
+    fd = dict(feats)
+    if op == "optimizer":
+        phase_key = "step"
+    else:
+        phase_key = phase
+    return OpCall(op, phase, feats, float(count), scope,
+                  float(op_flops(op, phase_key, fd, dtype_bytes)),
+                  float(op_bytes(op, phase_key, fd, dtype_bytes)))
+
+
+def mlp_widths(cfg: NeoxConfig) -> Tuple[int, int]:
+    """(linear1 output, linear2 input) widths, by NeoX's ParallelMLP rules."""
+    m = cfg.model
+    if m.intermediate_size:
+        ffn = m.intermediate_size
+    elif m.expansion_factor:
+        ffn = int(m.expansion_factor * m.hidden_size)
+    else:
+        ffn = 4 * m.hidden_size
+    ffn_in = ffn
+    if m.is_gated:
+        ffn = int(ffn * 2 / 3)
+        ffn_in = ffn // 2
+    mult = m.mlp_multiple_of
+    ffn = 2 * mult * ((ffn + 2 * mult - 1) // (2 * mult))
+    ffn_in = mult * ((ffn_in + mult - 1) // mult)
+    return ffn, ffn_in
+
+
+def _layer_calls(cfg: NeoxConfig, dt: int, mp_group: Tuple[int, int], notes: List[str]
+                 ) -> Tuple[Tuple[object, ...], Tuple[object, ...]]:
+    m, mp = cfg.model, cfg.parallel.model_parallel_size
+    b, l, d = cfg.training.micro_batch_size, m.seq_length, m.hidden_size
+    tokens, hd = b * l, m.head_dim
+    heads, kv = m.num_attention_heads // mp, max(m.num_kv_heads // mp, 1)
+    norm = "rmsnorm" if "rms" in m.norm else "layernorm"
+    ffn_out, ffn_in = mlp_widths(cfg)
+    fwd: List[object] = []
+    bwd: List[object] = []
+
+    def both(op, count=1, **f):
+        fwd.append(_call(op, "fwd", count, "layer", dt, **f))
+        bwd.append(_call(op, "bwd", count, "layer", dt, **f))
+
+    both(norm, 2, tokens=tokens, d=d)  # input_layernorm and post_attention_layernorm
+    both("linear1", m=tokens, k=d, n=(d + 2 * m.num_kv_heads * hd) // mp)
+    if m.pos_emb == "rotary":
+        rot = int(hd * m.rotary_pct)
+        if rot > 0:
+            both("rope", tokens=tokens, heads=(heads + kv) / 2.0, rot_dim=rot)
+    kinds = set(m.attention_types)
+    if kinds - {"global", "flash"}:
+        notes.append(f"attention types {sorted(kinds - {'global', 'flash'})} are predicted as "
+                     f"dense global attention")
+    if m.uses_flash and len(kinds) == 1:
+        both("flash_attention", b=b, l=l, heads=heads, head_dim=hd, causal=1)
+    else:
+        batch = b * heads
+        both("qk", batch=batch, l=l, head_dim=hd)
+        # NeoX's FusedScaleMaskSoftmax takes the fused kernel only for 16-bit inputs with
+        # 16 < sk <= 2048 (megatron/model/fused_softmax.py); otherwise masked_fill + softmax.
+        fused = (m.fused_softmax and cfg.training.precision in ("fp16", "bfloat16")
+                 and 16 < l <= 2048 and batch % 4 == 0)
+        if fused:
+            both("fused_softmax", batch=batch, l=l)
+        else:
+            both("fillmask", batch=batch, l=l)
+            both("softmax", batch=batch, l=l)
+        both("av", batch=batch, l=l, head_dim=hd)
+    both("linear2", m=tokens, k=d // mp, n=d)
+    both("linear3", m=tokens, k=d, n=ffn_out // mp)
+    if m.activation != "gelu":
+        notes.append(f"activation {m.activation!r} is predicted with the GeLU regressor at its width")
+    both("gelu", tokens=tokens, width=ffn_out // mp)
+    both("linear4", m=tokens, k=ffn_in // mp, n=d)
+    both("res_add", 2, tokens=tokens, d=d)
+    if mp > 1:
+        nodes, gpn = mp_group
+        fwd_reductions = 1 if m.gpt_j_residual else 2
+        fwd.append(CommCall("allreduce", "mp_allreduce", "fwd", tokens * d, nodes, gpn,
+                            fwd_reductions, "layer"))
+        bwd.append(CommCall("allreduce", "mp_allreduce", "bwd", tokens * d, nodes, gpn, 2, "layer"))
+    return tuple(fwd), tuple(bwd)
+
+
+def _buckets(total: float, bucket: int) -> List[Tuple[float, int]]:
+    """[(elements, count)] of DeepSpeed-style fixed-size buckets covering `total`."""
+    if total <= 0:
+        return []
+    bucket = max(int(bucket), 1)
+    full, rest = divmod(int(total), bucket)
+    out = [(float(bucket), full)] if full else []
+    if rest:
+        out.append((float(rest), 1))
+    return out
+
+
+def decompose(cfg: NeoxConfig, padded_vocab: int, stages: Sequence[StageShape]) -> Decomposition:
+    m, par, tr = cfg.model, cfg.parallel, cfg.training
+    mp, dp, gpn = par.model_parallel_size, par.data_parallel_size, par.gpus_per_node
+    dt = 4 if tr.precision == "fp32" else 2
+    b, l, d = tr.micro_batch_size, m.seq_length, m.hidden_size
+    tokens, vocab = b * l, padded_vocab // mp
+    notes: List[str] = []
+    mp_group = group_placement(mp, 1, gpn)
+    dp_group = group_placement(dp, mp, gpn)
+    # Adjacent stages are mp*dp ranks apart: same node only if both fit in one.
+    p2p_nodes, p2p_gpn = (1, 2) if mp * dp * 2 <= gpn else (2, 1)
+    layer_fwd, layer_bwd = _layer_calls(cfg, dt, mp_group, notes)
+    recompute = tr.checkpoint_activations
+    grad_elems_factor = 2 if tr.fp32_allreduce else 1  # fp32 gradients move twice the bytes
+    tied = not m.no_weight_tying and len(stages) > 1
+    out: List[StageWork] = []
+    for st in stages:
+        fwd: List[object] = []
+        bwd: List[object] = []
+        if st.has_embedding:
+            fwd.append(_call("embedding", "fwd", 1, "embedding", dt, tokens=tokens, vocab=vocab, d=d))
+            bwd.append(_call("embedding", "bwd", 1, "embedding", dt, tokens=tokens, vocab=vocab, d=d))
+            if mp > 1:
+                fwd.append(CommCall("allreduce", "mp_allreduce", "fwd", tokens * d, *mp_group, 1,
+                                    "embedding"))
+        if st.has_head:
+            norm = "rmsnorm" if "rms" in m.norm else "layernorm"
+            for phase, seq in (("fwd", fwd), ("bwd", bwd)):
+                seq.append(_call(norm, phase, 1, "head", dt, tokens=tokens, d=d))
+                seq.append(_call("linear_final", phase, 1, "head", dt, m=tokens, k=d, n=vocab))
+                seq.append(_call("cross_entropy", phase, 1, "loss", dt, tokens=tokens, vocab=vocab))
+            if mp > 1:
+                bwd.append(CommCall("allreduce", "mp_allreduce", "bwd", tokens * d, *mp_group, 1,
+                                    "head"))
+        last = st.index == len(stages) - 1
+        send_act = None if last else CommCall("p2p", "pp_p2p", "fwd", tokens * d / mp,
+                                              p2p_nodes, p2p_gpn, 1, "pipeline")
+        send_grad = None if st.index == 0 else CommCall("p2p", "pp_p2p", "bwd", tokens * d / mp,
+                                                        p2p_nodes, p2p_gpn, 1, "pipeline")
+        grad_sync: Tuple[CommCall, ...] = ()
+        gather: Tuple[CommCall, ...] = ()
+        if dp > 1:
+            grad_sync = tuple(
+                CommCall("allreduce", "dp_allreduce", "step", e * grad_elems_factor, *dp_group, n,
+                         "gradients")
+                for e, n in _buckets(st.params_per_rank, tr.reduce_bucket_size))
+            if tr.zero_stage >= 1:
+                calls = max(1, math.ceil(st.params_per_rank / max(tr.allgather_bucket_size, 1)))
+                gather = (CommCall("allgather", "dp_allgather", "step",
+                                   st.params_per_rank / dp / calls, *dp_group, calls, "parameters"),)
+        tied_sync: Tuple[CommCall, ...] = ()
+        if tied and (st.has_embedding or st.has_head):
+            tied_sync = (CommCall("allreduce", "tied_allreduce", "step", vocab * d, 2, 1, 1,
+                                  "tied embedding"),)
+        opt_params = st.params_per_rank / dp if (tr.zero_stage >= 1 and dp > 1) else st.params_per_rank
+        optimizer = _call("optimizer", "step", 1, "optimizer", dt, params=opt_params)
+        out.append(StageWork(
+            index=st.index, transformer_layers=st.transformer_layers,
+            layer_forward=layer_fwd, layer_backward=layer_bwd, forward=tuple(fwd),
+            backward=tuple(bwd), recompute_layers=st.transformer_layers if recompute else 0,
+            send_activation=send_act, send_gradient=send_grad, grad_sync=grad_sync,
+            tied_sync=tied_sync, optimizer=optimizer, param_allgather=gather))
+    if par.sequence_parallel and mp > 1:
+        notes.append("sequence_parallel is predicted as plain tensor parallelism")
+    if tr.precision == "fp32":
+        notes.append("fp32 training is predicted from fp16 operator samples")
+    return Decomposition(tuple(out), tr.gradient_accumulation_steps, dt, tuple(dict.fromkeys(notes)))

@@ -1,0 +1,141 @@
+"""Rich text for `neox-perf check`: what the config builds, the verdicts, the prediction."""
+from __future__ import annotations
+
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+GIB = 2 ** 30
+LEVEL_STYLE = {"ok": "green", "warning": "yellow", "fail": "bold red", "error": "bold red"}
+EVENT_GLYPH = {"forward": ("F", "cyan"), "backward": ("B", "magenta"), "send_act": (">", "yellow"),
+               "send_grad": ("<", "yellow"), "grad_allreduce": ("R", "red"),
+               "tied_allreduce": ("T", "red"), "optimizer": ("O", "green"),
+               "allgather": ("G", "blue")}
+
+
+def _n(x: float) -> str:
+    for unit, div in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(x) >= div:
+            return f"{x / div:.2f}{unit}"
+    return f"{x:.0f}"
+
+
+def _s(x: float) -> str:
+    return f"{x * 1e3:.1f} ms" if x < 1 else f"{x:.3f} s"
+
+
+def render(result, console) -> None:
+    cfg, d = result.config, result.derived
+    m, p, t = cfg.model, cfg.parallel, cfg.training
+    head = Table.grid(padding=(0, 2))
+    head.add_column(style="bold")
+    head.add_column()
+    head.add_row("files", ", ".join(cfg.files))
+    head.add_row("model", f"{m.num_layers} layers, hidden {m.hidden_size}, {m.num_attention_heads} heads"
+                          f"{f' ({m.num_kv_heads} kv)' if m.num_kv_heads != m.num_attention_heads else ''}, "
+                          f"seq {m.seq_length}, {m.norm}, {m.pos_emb}, {m.activation}, "
+                          f"{'untied' if m.no_weight_tying else 'tied'} head")
+    head.add_row("layout", f"{p.world_size} GPUs ({p.world_size_source}) = pipe {p.num_stages} x "
+                           f"model {p.model_parallel_size} x data {p.data_parallel_size}")
+    head.add_row("batch", f"micro {t.micro_batch_size} x accumulation {t.gradient_accumulation_steps} x "
+                          f"dp {p.data_parallel_size} = {t.train_batch_size} samples/step, {t.precision}, "
+                          f"ZeRO {t.zero_stage}, checkpointing {'on' if t.checkpoint_activations else 'off'}")
+    vocab = f"raw {result.vocab.size} ({result.vocab.source})"
+    if d is not None:
+        vocab += f" -> padded {d.padded_vocab_size}"
+    head.add_row("vocab", vocab)
+    if result.facts is not None:
+        f = result.facts
+        head.add_row("cluster", f"{result.profile_name}: {f.gpu_name}, {f.gpu_memory_bytes / GIB:.0f} GiB, "
+                                f"{f.gpus_per_node} GPUs/node")
+    if d is not None:
+        head.add_row("parameters", f"{d.params.unique_total:,} total ({_n(d.params.unique_total)}); "
+                                   f"NeoX logs {d.params.neox_logged:,}")
+    console.print(Panel(head, title="neox-perf check", title_align="left"))
+
+    if d is not None:
+        table = Table(title="Pipeline stages (per GPU)", title_justify="left")
+        for col in ("stage", "layers", "transformer", "parameters", "weights", "grads", "optimizer",
+                    "activations", "total", "of GPU"):
+            table.add_column(col, justify="right" if col not in ("layers",) else "left")
+        for s in d.stages:
+            mem = s.memory
+            share = f"{mem.total / mem.capacity:.0%}" if mem.capacity else "-"
+            style = "bold red" if mem.capacity and mem.total > mem.capacity else None
+            table.add_row(str(s.index), f"[{s.start}, {s.stop}) " + _layer_summary(s.layer_names),
+                          str(s.transformer_layers), _n(s.parameters), f"{mem.weights / GIB:.1f}G",
+                          f"{mem.gradients / GIB:.1f}G", f"{mem.optimizer_states / GIB:.1f}G",
+                          f"{mem.activations / GIB:.1f}G", f"{mem.total / GIB:.1f}G", share, style=style)
+        console.print(table)
+    if result.estimate is not None:
+        _render_prediction(result, console)
+    _render_verdicts(result, console)
+
+
+def _layer_summary(names) -> str:
+    short = [n for n in names if n not in ("ParallelTransformerLayerPipe",)]
+    return " ".join(sorted(set(short), key=short.index))[:60]
+
+
+def _render_prediction(result, console) -> None:
+    est = result.estimate
+    pred = result.to_dict()["prediction"]
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    grid.add_row("iteration", f"{_s(est.iteration_seconds)}  (paper Eq. 7 would say {_s(est.eq7_seconds)})")
+    grid.add_row("throughput", f"{pred['tokens_per_second']:,.0f} tokens/s"
+                 + (f", {pred['tflops_per_gpu']:.1f} TFLOP/s per GPU" if pred.get("tflops_per_gpu") else "")
+                 + (f", MFU {pred['mfu']:.1%}" if pred.get("mfu") else ""))
+    if pred.get("run_seconds"):
+        grid.add_row("whole run", f"{result.run_iterations:,} iterations = {pred['run_seconds'] / 3600:,.1f} h, "
+                                  f"{pred['run_gpu_hours']:,.0f} GPU-hours")
+    console.print(Panel(grid, title=f"Prediction ({result.profile_name})", title_align="left"))
+
+    table = Table(title="Breakdown (paper Table IX components)", title_justify="left")
+    table.add_column("component")
+    table.add_column("seconds", justify="right")
+    for key, value in est.breakdown.items():
+        table.add_row(key.replace("_", " "), _s(value))
+    console.print(table)
+    _render_timeline(est, console)
+    top = list(pred["operators"].items())[:8]
+    if top:
+        ops = Table(title="Heaviest operators on the critical stage (per iteration)", title_justify="left")
+        ops.add_column("operator")
+        ops.add_column("seconds", justify="right")
+        for name, sec in top:
+            ops.add_row(name, _s(sec))
+        console.print(ops)
+    for flag in est.flags:
+        console.print(Text(f"extrapolated: {flag.what}: {flag.reason}", style="yellow"))
+    for note in pred["notes"]:
+        console.print(Text(f"note: {note}", style="yellow"))
+
+
+def _render_timeline(est, console, width: int = 96) -> None:
+    tl = est.timeline
+    total = tl.iteration_seconds or 1.0
+    rows = [[(".", "dim")] * width for _ in range(len(tl.busy))]
+    for ev in tl.events:
+        glyph = EVENT_GLYPH.get(ev.kind)
+        if glyph is None or ev.end <= ev.start:
+            continue
+        a = min(width - 1, int(ev.start / total * width))
+        b = max(a + 1, min(width, int(round(ev.end / total * width))))
+        for i in range(a, b):
+            rows[ev.stage][i] = glyph
+    console.print(Text("1F1B timeline (F fwd, B bwd, >/< p2p, R grad all-reduce, O optimizer, "
+                       "G all-gather)", style="bold"))
+    for s, row in enumerate(rows):
+        line = Text(f"stage {s:>2} ")
+        for ch, style in row:
+            line.append(ch, style=style)
+        console.print(line)
+
+
+def _render_verdicts(result, console) -> None:
+    for v in result.verdicts:
+        console.print(Text(f"{v.level.upper():8} {v.line()}", style=LEVEL_STYLE.get(v.level)))
+    for w in result.warnings:
+        console.print(Text(f"{'NOTE':8} {w}", style="dim"))

@@ -1,0 +1,15 @@
+"""Text for `neox-perf clusters`."""
+from __future__ import annotations
+
+from rich.table import Table
+
+
+def render(result, console) -> None:
+    table = Table(title="Cluster profiles", title_justify="left")
+    for col in ("name", "GPU", "memory", "GPUs/node", "links", "provenance"):
+        table.add_column(col)
+    for p in result.profiles:
+        table.add_row(p["name"], p["gpu"], f"{p['gpu_memory_bytes'] / 2**30:.0f} GiB",
+                      str(p["gpus_per_node"]), f"{p['intra_node_link']} / {p['inter_node_link']}",
+                      str(p["provenance"]))
+    console.print(table)

@@ -1,0 +1,138 @@
+"""Result objects of the check command, and their JSON payload (pinned by a contract test)."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from . import exitcodes
+from .config.specs import NeoxConfig
+from .config.tokenizer import RawVocab
+from .config.verdicts import Verdict
+
+
+@dataclass
+class CheckResult:
+    config: NeoxConfig
+    vocab: RawVocab
+    warnings: List[str]
+    facts: Optional[object] = None  # ClusterFacts of the profile, if --cluster
+    profile_name: Optional[str] = None
+    derived: Optional[object] = None  # DerivedModel, unless a blocking error stopped derivation
+    decomposition: Optional[object] = None
+    estimate: Optional[object] = None  # IterationEstimate, when a profile was given
+    verdicts: List[Verdict] = field(default_factory=list)
+    command: str = "check"
+    render_hint: str = "check_text"
+
+    @property
+    def exit_code(self) -> int:
+        levels = {v.level for v in self.verdicts}
+        if "error" in levels:
+            return exitcodes.INVALID_CONFIG
+        if "fail" in levels:
+            return exitcodes.VERDICT_FAILED
+        return exitcodes.OK
+
+    @property
+    def run_iterations(self) -> Optional[int]:
+        return self.config.training.train_iters
+
+    def to_dict(self) -> dict:
+        cfg, d = self.config, self.derived
+        out = {
+            "files": list(cfg.files),
+            "cluster": _facts(self.facts, self.profile_name),
+            "config": {"model": _plain(cfg.model), "parallel": _plain(cfg.parallel),
+                       "training": _plain(cfg.training)},
+            "derived": {
+                "raw_vocab_size": self.vocab.size,
+                "raw_vocab_source": self.vocab.source,
+                "padded_vocab_size": d.padded_vocab_size if d else None,
+                "world_size": cfg.parallel.world_size,
+                "world_size_source": cfg.parallel.world_size_source,
+                "data_parallel_size": cfg.parallel.data_parallel_size,
+                "model_parallel_size": cfg.parallel.model_parallel_size,
+                "pipeline_stages": cfg.parallel.num_stages,
+                "micro_batches_per_iteration": cfg.training.gradient_accumulation_steps,
+            },
+            "stages": [_stage(s) for s in d.stages] if d else [],
+            "parameters": _params(d),
+            "flops": _plain(d.flops) if d else None,
+            "tokens": _plain(d.tokens) if d else None,
+            "verdicts": [dataclasses.asdict(v) for v in self.verdicts],
+            "warnings": list(self.warnings),
+            "prediction": _prediction(self),
+        }
+        return out
+
+
+def _plain(obj):
+    if obj is None:
+        return None
+    if dataclasses.is_dataclass(obj):
+        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)
+                if f.repr}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    return obj
+
+
+def _facts(facts, name):
+    if facts is None:
+        return None
+    data = _plain(facts)
+    data["profile"] = name
+    return data
+
+
+def _stage(s) -> dict:
+    return {
+        "index": s.index,
+        "layers": [s.start, s.stop],
+        "layer_names": list(s.layer_names),
+        "transformer_layers": s.transformer_layers,
+        "parameters": s.parameters,
+        "memory_bytes": s.memory.total,
+        "memory": _plain(s.memory),
+        "capacity_bytes": s.memory.capacity,
+    }
+
+
+def _params(d) -> Optional[dict]:
+    if d is None:
+        return None
+    return {"total": d.params.unique_total, "per_rank_max": d.params.per_rank_max,
+            "neox_logged": d.params.neox_logged}
+
+
+def _prediction(result: CheckResult) -> Optional[dict]:
+    est = result.estimate
+    if est is None:
+        return None
+    d, cfg = result.derived, result.config
+    tokens = cfg.training.train_batch_size * cfg.model.seq_length
+    world = cfg.parallel.world_size
+    out = {
+        "profile": result.profile_name,
+        "iteration_seconds": est.iteration_seconds,
+        "eq7_seconds": est.eq7_seconds,
+        "breakdown": dict(est.breakdown),
+        "tokens_per_second": tokens / est.iteration_seconds,
+        "stages": [_plain(s) for s in est.stages],
+        "operators": dict(sorted(est.operators.items(), key=lambda kv: -kv[1])),
+        "extrapolated": [{"what": f.what, "reason": f.reason} for f in est.flags],
+        "notes": list(result.decomposition.notes) if result.decomposition else [],
+    }
+    flops = getattr(d.flops, "model_flops_per_iteration", None) if d else None
+    if flops:
+        out["tflops_per_gpu"] = flops / est.iteration_seconds / world / 1e12
+        peak = getattr(result.facts, "peak_fp16_tflops", None)
+        out["mfu"] = out["tflops_per_gpu"] / peak if peak else None
+    iters = cfg.training.train_iters
+    if iters:
+        out["run_seconds"] = est.iteration_seconds * iters
+        out["run_gpu_hours"] = est.iteration_seconds * iters * world / 3600.0
+    return out

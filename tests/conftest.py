@@ -1,0 +1,29 @@
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+NEOX_CONFIGS = SHARED / "data" / "gpt-neox-configs"
+SAMPLES = SHARED / "data" / "paper-2509.22832-samples"
+EXAMPLES = REPO / "neox_perf" / "examples"
+
+# DeepSpeed on CPU is 20-40x slower per step without this; every rank a test spawns inherits it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture
+def neox_configs():
+    if not NEOX_CONFIGS.is_dir():
+        pytest.skip("../shared/data/gpt-neox-configs is not present")
+    return NEOX_CONFIGS
+
+
+@pytest.fixture
+def write_yaml(tmp_path):
+    def write(name, text):
+        path = tmp_path / name
+        path.write_text(text)
+        return str(path)
+    return write
