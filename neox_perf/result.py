@@ -48,7 +48,7 @@ class CheckResult:
             "derived": {
                 "raw_vocab_size": self.vocab.size,
                 "raw_vocab_source": self.vocab.source,
-                "padded_vocab_size": d.padded_vocab_size if d else None,
+                "padded_vocab_size": d.padded_vocab if d else None,
                 "world_size": cfg.parallel.world_size,
                 "world_size_source": cfg.parallel.world_size_source,
                 "data_parallel_size": cfg.parallel.data_parallel_size,
@@ -94,7 +94,8 @@ def _stage(s) -> dict:
         "layers": [s.start, s.stop],
         "layer_names": list(s.layer_names),
         "transformer_layers": s.transformer_layers,
-        "parameters": s.parameters,
+        "parameters": s.params_per_rank,
+        "unique_parameters": s.unique_params,
         "memory_bytes": s.memory.total,
         "memory": _plain(s.memory),
         "capacity_bytes": s.memory.capacity,
@@ -104,8 +105,9 @@ def _stage(s) -> dict:
 def _params(d) -> Optional[dict]:
     if d is None:
         return None
-    return {"total": d.params.unique_total, "per_rank_max": d.params.per_rank_max,
-            "neox_logged": d.params.neox_logged}
+    return {"total": d.params.unique, "per_rank_max": d.params.per_rank_max,
+            "neox_logged": d.params.neox_logged, "embedding": d.params.embedding,
+            "non_embedding": d.params.non_embedding}
 
 
 def _prediction(result: CheckResult) -> Optional[dict]:
@@ -126,7 +128,7 @@ def _prediction(result: CheckResult) -> Optional[dict]:
         "extrapolated": [{"what": f.what, "reason": f.reason} for f in est.flags],
         "notes": list(result.decomposition.notes) if result.decomposition else [],
     }
-    flops = getattr(d.flops, "model_flops_per_iteration", None) if d else None
+    flops = d.flops.model_per_iteration if d else None
     if flops:
         out["tflops_per_gpu"] = flops / est.iteration_seconds / world / 1e12
         peak = getattr(result.facts, "peak_fp16_tflops", None)

@@ -47,6 +47,7 @@ def run_check(args) -> CheckResult:
         result.verdicts = verdicts
         return result
     result.derived = derived
+    result.warnings = list(result.warnings) + list(derived.warnings)
     verdicts += checks.stage_verdicts(cfg, [s.transformer_layers for s in derived.stages])
     if facts:
         verdicts += checks.memory_verdicts([s.memory.total for s in derived.stages],
@@ -54,10 +55,11 @@ def run_check(args) -> CheckResult:
     if profile is not None and not any(v.level == "error" for v in verdicts):
         from ..estimate import estimate
         from ..operators import StageShape, decompose
+        last = len(derived.stages) - 1
         shapes = [StageShape(index=s.index, transformer_layers=s.transformer_layers,
-                             has_embedding=s.has_embedding, has_head=s.has_head,
-                             params_per_rank=s.parameters) for s in derived.stages]
-        decomp = decompose(cfg, derived.padded_vocab_size, shapes)
+                             has_embedding=s.index == 0, has_head=s.index == last,
+                             params_per_rank=s.params_per_rank) for s in derived.stages]
+        decomp = decompose(cfg, derived.padded_vocab, shapes)
         result.decomposition = decomp
         result.estimate = estimate(decomp, profile)
         verdicts += checks.time_verdict(result.estimate.iteration_seconds, args.max_iteration_seconds)

@@ -1,6 +1,7 @@
 """Rich text for `neox-perf check`: what the config builds, the verdicts, the prediction."""
 from __future__ import annotations
 
+from rich import box
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -42,39 +43,39 @@ def render(result, console) -> None:
                           f"ZeRO {t.zero_stage}, checkpointing {'on' if t.checkpoint_activations else 'off'}")
     vocab = f"raw {result.vocab.size} ({result.vocab.source})"
     if d is not None:
-        vocab += f" -> padded {d.padded_vocab_size}"
+        vocab += f" -> padded {d.padded_vocab}"
     head.add_row("vocab", vocab)
     if result.facts is not None:
         f = result.facts
         head.add_row("cluster", f"{result.profile_name}: {f.gpu_name}, {f.gpu_memory_bytes / GIB:.0f} GiB, "
                                 f"{f.gpus_per_node} GPUs/node")
     if d is not None:
-        head.add_row("parameters", f"{d.params.unique_total:,} total ({_n(d.params.unique_total)}); "
+        head.add_row("parameters", f"{d.params.unique:,} total ({_n(d.params.unique)}); "
                                    f"NeoX logs {d.params.neox_logged:,}")
     console.print(Panel(head, title="neox-perf check", title_align="left"))
 
     if d is not None:
-        table = Table(title="Pipeline stages (per GPU)", title_justify="left")
-        for col in ("stage", "layers", "transformer", "parameters", "weights", "grads", "optimizer",
-                    "activations", "total", "of GPU"):
-            table.add_column(col, justify="right" if col not in ("layers",) else "left")
+        table = Table(title="Pipeline stages (per GPU)", title_justify="left", box=box.SIMPLE_HEAD, collapse_padding=True,
+                      pad_edge=False)
+        for col in ("stage", "specs", "blocks", "params", "weights", "grads", "optim",
+                    "activ.", "total", "of GPU"):
+            table.add_column(col, justify="right" if col != "specs" else "left")
         for s in d.stages:
             mem = s.memory
             share = f"{mem.total / mem.capacity:.0%}" if mem.capacity else "-"
             style = "bold red" if mem.capacity and mem.total > mem.capacity else None
-            table.add_row(str(s.index), f"[{s.start}, {s.stop}) " + _layer_summary(s.layer_names),
-                          str(s.transformer_layers), _n(s.parameters), f"{mem.weights / GIB:.1f}G",
-                          f"{mem.gradients / GIB:.1f}G", f"{mem.optimizer_states / GIB:.1f}G",
+            table.add_row(str(s.index), f"[{s.start},{s.stop})",
+                          str(s.transformer_layers), _n(s.params_per_rank), f"{mem.weights / GIB:.1f}G",
+                          f"{mem.gradients / GIB:.1f}G",
+                          f"{(mem.master_weights + mem.optimizer_states) / GIB:.1f}G",
                           f"{mem.activations / GIB:.1f}G", f"{mem.total / GIB:.1f}G", share, style=style)
         console.print(table)
+        console.print(Text("specs: [start, stop) of NeoX's PipelineModule layer list; blocks: transformer "
+                           "layers; memory in GiB per GPU at the peak of backward or optimizer step",
+                           style="dim"))
     if result.estimate is not None:
         _render_prediction(result, console)
     _render_verdicts(result, console)
-
-
-def _layer_summary(names) -> str:
-    short = [n for n in names if n not in ("ParallelTransformerLayerPipe",)]
-    return " ".join(sorted(set(short), key=short.index))[:60]
 
 
 def _render_prediction(result, console) -> None:

@@ -1,0 +1,130 @@
+"""DeepSpeed's pipeline partitioning (runtime/pipe/module.py:_partition_layers), without numpy.
+
+Re-implemented from DeepSpeed 0.19.8 (same algorithm as the DeeperSpeed commit NeoX pins):
+`partition_uniform`, the dynamic program in `partition_balanced`, and `_find_layer_type`. The
+tests compare every result with DeepSpeed's own functions.
+"""
+from __future__ import annotations
+
+import re
+from typing import List, Optional, Sequence
+
+from .errors import PartitionError
+
+_INF = float("inf")
+
+
+def partition_uniform(num_items: int, num_parts: int) -> List[int]:
+    """Boundaries of num_parts chunks; the first (num_items % num_parts) chunks get one more."""
+    if num_items <= num_parts:
+        return [min(p, num_items) for p in range(num_parts + 1)]
+    chunk, residual = divmod(num_items, num_parts)
+    return [p * chunk + min(p, residual) for p in range(num_parts + 1)]
+
+
+def partition_balanced(weights: Sequence[float], num_parts: int) -> List[int]:
+    """DeepSpeed's linear-partition DP: minimise (max - min) part weight, ties to the later cut.
+
+    The DP is greedy per state (it keeps only the max/min of the chosen predecessor), so its answer
+    is not always the true optimum; reproducing its exact iteration order and `>=` tie rule is
+    what makes the cuts identical to DeepSpeed's. Two prunings keep it cheap without changing
+    the result: predecessors (k, j-1) with k < j-1 are unreachable (DeepSpeed scores them +inf
+    and any reachable one replaces them), and states that leave fewer items than remaining parts
+    are never read by the back-track.
+    """
+    n, m = len(weights), num_parts
+    if n <= m:
+        return partition_uniform(n, m)
+    prefix = [0] * (n + 1)
+    for i, w in enumerate(weights):
+        prefix[i + 1] = prefix[i] + w
+    # Rows indexed by j (parts used), columns by i (items covered); only j-1 -> j transitions.
+    prev_max: List[float] = [_INF] * (n + 1)
+    prev_min: List[float] = [_INF] * (n + 1)
+    prev_max[0] = 0
+    position = [[0] * (n + 1) for _ in range(m + 1)]
+    for j in range(1, m + 1):
+        cur_max: List[float] = [_INF] * (n + 1)
+        cur_min: List[float] = [_INF] * (n + 1)
+        pos_j = position[j]
+        last_i = n - (m - j)
+        for i in range(j, last_i + 1):
+            best = _INF
+            best_max = best_min = _INF
+            best_k = 0
+            pi = prefix[i]
+            ks = range(0, 1) if j == 1 else range(j - 1, i)
+            for k in ks:
+                seg = pi - prefix[k]
+                hi = prev_max[k]
+                lo = prev_min[k]
+                if seg > hi:
+                    hi = seg
+                if seg < lo:
+                    lo = seg
+                cost = hi - lo
+                if best >= cost:
+                    best, best_max, best_min, best_k = cost, hi, lo, k
+            cur_max[i], cur_min[i], pos_j[i] = best_max, best_min, best_k
+        prev_max, prev_min = cur_max, cur_min
+    parts = [n]
+    for j in range(m, 0, -1):
+        parts.append(position[j][parts[-1]])
+    parts.reverse()
+    return parts
+
+
+def find_layer_type(names: Sequence[Optional[str]], layertype: str) -> List[int]:
+    """Indices whose name matches `layertype` (case-insensitive search), as _find_layer_type.
+
+    DeepSpeed uses the third-party `regex` module; for the patterns NeoX configs use (names and
+    `|`) the standard `re` behaves the same.
+    """
+    try:
+        pattern = re.compile(layertype, re.IGNORECASE)
+    except re.error as exc:
+        raise PartitionError(f"pipe_partition_method type:{layertype}: invalid regex ({exc})")
+    idxs = [i for i, name in enumerate(names) if name is not None and pattern.search(name)]
+    if not idxs:
+        raise PartitionError(f"pipe_partition_method 'type:{layertype}' matches no layer; "
+                             f"DeepSpeed raises \"Partitioning '{layertype}' found no valid layers "
+                             f"to partition\"")
+    return idxs
+
+
+def partition_weights(layers: Sequence, method: str) -> Optional[List[int]]:
+    """The weights DeepSpeed balances for `method` (None for uniform)."""
+    method = method.lower()  # DeepSpeed lowers the whole method string, regex included
+    if method == "uniform":
+        return None
+    if method == "parameters":
+        # _count_layer_params: trainable parameters of each LayerSpec built alone, 0 for functions.
+        return [0 if layer.is_function else layer.params for layer in layers]
+    if method.startswith("type:"):
+        weights = [0] * len(layers)
+        for idx in find_layer_type([layer.name for layer in layers], method.split(":")[1]):
+            weights[idx] = 1
+        return weights
+    raise PartitionError(f"pipe_partition_method {method!r} is not implemented in DeepSpeed "
+                         f"(use type:<regex>, parameters or uniform)")
+
+
+def partition(layers: Sequence, num_stages: int, method: str) -> List[int]:
+    """Stage boundaries `parts` (len num_stages + 1): stage s owns layers[parts[s]:parts[s+1]].
+
+    Raises PartitionError where DeepSpeed raises, and where it would hand a stage no layer at all
+    (more stages than specs): that stage has no parameters and its optimizer cannot be built.
+    """
+    if num_stages < 1:
+        raise PartitionError(f"number of pipeline stages must be >= 1, got {num_stages}")
+    weights = partition_weights(layers, method)
+    if weights is None:
+        parts = partition_uniform(len(layers), num_stages)
+    else:
+        parts = partition_balanced(weights, num_stages)
+    empty = [s for s in range(num_stages) if parts[s + 1] <= parts[s]]
+    if empty:
+        raise PartitionError(
+            f"{num_stages} pipeline stages but only {len(layers)} layer specs: stage(s) "
+            f"{', '.join(map(str, empty))} would get no layers (reduce pipe_parallel_size)")
+    return parts

@@ -1,0 +1,84 @@
+from dataclasses import dataclass
+
+import pytest
+
+from neox_perf.config import WorldRequest, build, load_files
+from neox_perf.estimate import estimate
+from neox_perf.operators import StageShape, decompose
+from neox_perf.opspec import collective_wire_bytes
+
+BASE = """
+num_layers: 8
+hidden_size: 512
+num_attention_heads: 8
+seq_length: 256
+max_position_embeddings: 256
+train_micro_batch_size_per_gpu: 2
+fp16: {enabled: true}
+zero_optimization: {stage: 1}
+"""
+
+
+@dataclass
+class Pred:
+    seconds: float
+    extrapolated: bool = False
+    reason: str = ""
+
+
+class RooflineProfile:
+    """A deterministic stand-in: 100 TFLOP/s, 1 TB/s, 10 GB/s links, 5 us latency."""
+
+    def __init__(self, flag_op=None):
+        self.flag_op = flag_op
+
+    def predict(self, op, phase, features):
+        from neox_perf.opspec import op_bytes, op_flops
+        t = max(op_flops(op, phase, features) / 1e14, op_bytes(op, phase, features) / 1e12)
+        return Pred(t, op == self.flag_op, "d above the sampled range" if op == self.flag_op else "")
+
+    def predict_collective(self, kind, elements, nodes, gpus_per_node):
+        ranks = nodes * gpus_per_node
+        return Pred(float(collective_wire_bytes(kind, elements, max(ranks, 2))) / 1e10 + 5e-6)
+
+
+def run(write_yaml, extra, gpus, stages=1):
+    cfg, _, _ = build(load_files([write_yaml("c.yml", BASE + extra)]), WorldRequest(gpus=gpus, gpus_per_node=4))
+    per = 8 // stages
+    shapes = [StageShape(i, per, i == 0, i == stages - 1, 1_000_000) for i in range(stages)]
+    return estimate(decompose(cfg, 50304, shapes), RooflineProfile())
+
+
+def test_single_stage_is_serial_sum(write_yaml):
+    est = run(write_yaml, "gradient_accumulation_steps: 3\n", gpus=1)
+    st = est.stages[0]
+    assert est.iteration_seconds == pytest.approx(3 * (st.forward + st.backward) + st.optimizer)
+    assert st.grad_allreduce == 0 and st.param_allgather == 0
+
+
+def test_recompute_adds_a_layer_forward_per_layer(write_yaml):
+    plain = run(write_yaml, "", gpus=1).stages[0]
+    ckpt = run(write_yaml, "checkpoint_activations: true\n", gpus=1).stages[0]
+    assert ckpt.forward == pytest.approx(plain.forward)
+    assert ckpt.backward - plain.backward == pytest.approx(8 * plain.layer_forward)
+
+
+def test_more_micro_batches_amortise_the_bubble(write_yaml):
+    few = run(write_yaml, "pipe_parallel_size: 4\ngradient_accumulation_steps: 4\n", gpus=4, stages=4)
+    many = run(write_yaml, "pipe_parallel_size: 4\ngradient_accumulation_steps: 16\n", gpus=4, stages=4)
+    assert many.iteration_seconds > few.iteration_seconds
+    assert many.iteration_seconds / 16 < few.iteration_seconds / 4
+    assert few.breakdown["bubble"] > 0
+
+
+def test_data_parallel_adds_gradient_sync(write_yaml):
+    one = run(write_yaml, "", gpus=1)
+    four = run(write_yaml, "", gpus=4)
+    assert four.breakdown["dp_allreduce"] > 0 and one.breakdown["dp_allreduce"] == 0
+    assert four.iteration_seconds > one.iteration_seconds
+
+
+def test_extrapolation_flags_reach_the_estimate(write_yaml):
+    cfg, _, _ = build(load_files([write_yaml("c.yml", BASE)]), WorldRequest(gpus=1))
+    est = estimate(decompose(cfg, 50304, [StageShape(0, 8, True, True, 10)]), RooflineProfile("linear3"))
+    assert [f.what for f in est.flags] == ["linear3 bwd", "linear3 fwd"]

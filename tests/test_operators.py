@@ -1,0 +1,110 @@
+import pytest
+
+from neox_perf.config import WorldRequest, build, load_files
+from neox_perf.operators import CommCall, OpCall, StageShape, decompose, group_placement, mlp_widths
+
+BASE = """
+num_layers: 8
+hidden_size: 512
+num_attention_heads: 8
+seq_length: 256
+max_position_embeddings: 256
+train_micro_batch_size_per_gpu: 2
+gradient_accumulation_steps: 4
+fp16: {enabled: true}
+zero_optimization: {stage: 1, reduce_bucket_size: 1000000, allgather_bucket_size: 1000000}
+"""
+
+
+def cfg_of(write_yaml, extra="", gpus=8, gpn=4):
+    path = write_yaml("c.yml", BASE + extra)
+    cfg, verdicts, _ = build(load_files([path]), WorldRequest(gpus=gpus, gpus_per_node=gpn))
+    return cfg
+
+
+def shapes(n_stages, layers=8, params=3_000_000):
+    per = layers // n_stages
+    return [StageShape(i, per, i == 0, i == n_stages - 1, params) for i in range(n_stages)]
+
+
+def comm(calls, purpose):
+    return [c for c in calls if isinstance(c, CommCall) and c.purpose == purpose]
+
+
+def test_group_placement_follows_deepspeed_rank_order():
+    assert group_placement(4, 1, 4) == (1, 4)  # TP inside a node
+    assert group_placement(8, 1, 4) == (2, 4)
+    assert group_placement(8, 4, 4) == (8, 1)  # dp stride = mp fills nodes: one per node
+    assert group_placement(4, 2, 4) == (2, 2)
+    assert group_placement(1, 1, 4) == (1, 1)
+
+
+def test_tp_allreduce_counts_standard_and_gptj(write_yaml):
+    cfg = cfg_of(write_yaml, "model_parallel_size: 2\n")
+    st = decompose(cfg, 51200, shapes(1)).stages[0]
+    fwd = comm(st.layer_forward, "mp_allreduce")
+    bwd = comm(st.layer_backward, "mp_allreduce")
+    assert sum(c.count for c in fwd) == 2 and sum(c.count for c in bwd) == 2
+    assert fwd[0].elements == 2 * 256 * 512 and (fwd[0].nodes, fwd[0].gpus_per_node) == (1, 2)
+    cfg = cfg_of(write_yaml, "model_parallel_size: 2\ngpt_j_residual: true\n")
+    st = decompose(cfg, 51200, shapes(1)).stages[0]
+    assert sum(c.count for c in comm(st.layer_forward, "mp_allreduce")) == 1
+    assert sum(c.count for c in comm(st.layer_backward, "mp_allreduce")) == 2
+
+
+def test_no_tp_communication_without_model_parallelism(write_yaml):
+    st = decompose(cfg_of(write_yaml), 50304, shapes(1)).stages[0]
+    assert not comm(st.layer_forward + st.forward + st.backward, "mp_allreduce")
+
+
+def test_gqa_and_swiglu_shapes(write_yaml):
+    cfg = cfg_of(write_yaml, "num_kv_heads: 2\nattention_config: [[[flash], 8]]\nactivation: swiglu\n"
+                             "intermediate_size: 4096\nmlp_multiple_of: 256\nmodel_parallel_size: 2\n")
+    st = decompose(cfg, 51200, shapes(1)).stages[0]
+    ops = {c.op: c.feature_dict() for c in st.layer_forward if isinstance(c, OpCall)}
+    assert ops["linear1"]["n"] == (512 + 2 * 2 * 64) // 2
+    ffn_out, ffn_in = mlp_widths(cfg)
+    # gated: int(4096*2/3)=2730, 2730//2=1365; rounded up to 2*256 and 256 multiples.
+    assert (ffn_out, ffn_in) == (3072, 1536)
+    assert ops["linear3"]["n"] == ffn_out // 2 and ops["linear4"]["k"] == ffn_in // 2
+    assert "flash_attention" in ops and ops["flash_attention"]["causal"] == 1
+    assert "softmax" not in ops
+
+
+def test_fused_softmax_only_where_neox_uses_the_kernel(write_yaml):
+    cfg = cfg_of(write_yaml, "scaled_upper_triang_masked_softmax_fusion: true\n")
+    ops = {c.op for c in decompose(cfg, 50304, shapes(1)).stages[0].layer_forward if isinstance(c, OpCall)}
+    assert "fused_softmax" in ops and "softmax" not in ops
+    cfg = cfg_of(write_yaml, "scaled_upper_triang_masked_softmax_fusion: true\nseq_length: 4096\n"
+                             "max_position_embeddings: 4096\n")
+    ops = {c.op for c in decompose(cfg, 50304, shapes(1)).stages[0].layer_forward if isinstance(c, OpCall)}
+    assert {"fillmask", "softmax"} <= ops and "fused_softmax" not in ops
+
+
+def test_pipeline_p2p_and_dp_buckets(write_yaml):
+    cfg = cfg_of(write_yaml, "pipe_parallel_size: 2\nmodel_parallel_size: 2\n", gpus=8, gpn=4)
+    d = decompose(cfg, 51200, shapes(2, params=2_500_000))
+    first, last = d.stages
+    assert first.send_activation.elements == 2 * 256 * 512 / 2 and last.send_activation is None
+    assert first.send_gradient is None and last.send_gradient is not None
+    # mp*dp = 4 ranks per stage fill a 4-GPU node: the neighbour stage is on another node.
+    assert (first.send_activation.nodes, first.send_activation.gpus_per_node) == (2, 1)
+    sizes = [(c.elements, c.count) for c in first.grad_sync]
+    assert sizes == [(1_000_000.0, 2), (500_000.0, 1)]
+    assert first.optimizer.feature_dict()["params"] == 2_500_000 / 2  # ZeRO-1 over dp 2
+    assert sum(c.count for c in first.param_allgather) == 3
+    assert d.micro_batches == 4
+
+
+def test_recompute_follows_checkpointing(write_yaml):
+    assert decompose(cfg_of(write_yaml), 50304, shapes(1)).stages[0].recompute_layers == 0
+    cfg = cfg_of(write_yaml, "checkpoint_activations: true\n")
+    assert decompose(cfg, 50304, shapes(1)).stages[0].recompute_layers == 8
+
+
+def test_tied_embedding_sync_only_across_stages(write_yaml):
+    cfg = cfg_of(write_yaml, "pipe_parallel_size: 2\n", gpus=2)
+    d = decompose(cfg, 50304, shapes(2))
+    assert all(len(s.tied_sync) == 1 for s in d.stages)
+    cfg = cfg_of(write_yaml, "pipe_parallel_size: 2\nno_weight_tying: true\n", gpus=2)
+    assert all(not s.tied_sync for s in decompose(cfg, 50304, shapes(2)).stages)
