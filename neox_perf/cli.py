@@ -86,6 +86,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             result = run_clusters(args)
         else:  # pragma: no cover - argparse rejects unknown commands
             raise UsageError(f"unknown command {args.command}")
+        from .render import emit
+        emit(result, want_json)
     except NeoxPerfError as exc:
         code = exitcodes.USAGE if isinstance(exc, UsageError) else exitcodes.INVALID_CONFIG
         return _fail(args.command, exc.line(), code, want_json)
@@ -94,8 +96,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     except Exception as exc:  # a bug of ours: still one line, never a traceback
         return _fail(args.command, f"internal error: {exc.__class__.__name__}: {exc} "
                                    f"(please report it)", exitcodes.INTERNAL, want_json)
-    from .render import emit
-    emit(result, want_json)
     return result.exit_code
 
 

@@ -93,7 +93,7 @@ def _render_prediction(result, console) -> None:
                                   f"{pred['run_gpu_hours']:,.0f} GPU-hours")
     console.print(Panel(grid, title=f"Prediction ({result.profile_name})", title_align="left"))
 
-    table = Table(title="Breakdown (paper Table IX components)", title_justify="left")
+    table = Table(title="Breakdown (paper Table IX components)", title_justify="left", box=box.SIMPLE_HEAD)
     table.add_column("component")
     table.add_column("seconds", justify="right")
     for key, value in est.breakdown.items():
@@ -102,7 +102,8 @@ def _render_prediction(result, console) -> None:
     _render_timeline(est, console)
     top = list(pred["operators"].items())[:8]
     if top:
-        ops = Table(title="Heaviest operators on the critical stage (per iteration)", title_justify="left")
+        ops = Table(title="Heaviest operators on the critical stage (per iteration)", title_justify="left",
+                    box=box.SIMPLE_HEAD)
         ops.add_column("operator")
         ops.add_column("seconds", justify="right")
         for name, sec in top:
@@ -114,7 +115,8 @@ def _render_prediction(result, console) -> None:
         console.print(Text(f"note: {note}", style="yellow"))
 
 
-def _render_timeline(est, console, width: int = 96) -> None:
+def _render_timeline(est, console) -> None:
+    width = max(20, min(100, console.width - 10))
     tl = est.timeline
     total = tl.iteration_seconds or 1.0
     rows = [[(".", "dim")] * width for _ in range(len(tl.busy))]

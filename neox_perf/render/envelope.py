@@ -5,6 +5,7 @@ keys, and any change that removes or renames a key must bump the version.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from typing import Any, Dict
@@ -27,6 +28,8 @@ def _clean(value):
     # JSON has no NaN/inf; a prediction that could not be made is null, never a fake number.
     if isinstance(value, float) and not math.isfinite(value):
         return None
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _clean(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, dict):
         return {k: _clean(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
