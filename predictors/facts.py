@@ -1,0 +1,99 @@
+"""Hardware facts of the clusters the published samples were measured on.
+
+Sources: the paper's Table V (arXiv 2509.22832) and the device names in the sample file
+names. Where they disagree the measured device wins and the disagreement is recorded in
+`notes`, which the training script copies into the manifest.
+
+Bandwidths are GB/s (10^9 bytes per second), one direction. Peak FLOP rates are dense
+fp16 tensor-core rates from the vendors' data sheets.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Dict, Tuple
+
+GiB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Link:
+    name: str
+    bandwidth_gbps: float  # GB/s one direction: per GPU inside a node, per node between nodes
+    lanes: int  # parallel links / NICs that carry that bandwidth together
+
+
+@dataclass(frozen=True)
+class ClusterFacts:
+    name: str
+    gpu_name: str
+    gpu_memory_bytes: int
+    gpus_per_node: int
+    intra_node_link: Link
+    inter_node_link: Link
+    peak_fp16_tflops: float
+    hbm_bandwidth_gbps: float
+
+    def to_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> "ClusterFacts":
+        names = {f.name for f in fields(cls)}
+        missing = names - set(data)
+        if missing:
+            raise KeyError(f"cluster facts lack {', '.join(sorted(missing))}")
+        values = {k: data[k] for k in names}
+        values["intra_node_link"] = Link(**data["intra_node_link"])
+        values["inter_node_link"] = Link(**data["inter_node_link"])
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class KnownCluster:
+    facts: ClusterFacts
+    sample_dir: str  # folder under the published samples
+    device_string: str  # GPU name as spelled in the sample file names
+    notes: Tuple[str, ...]
+
+
+KNOWN_CLUSTERS: Dict[str, KnownCluster] = {
+    "perlmutter-a100": KnownCluster(
+        facts=ClusterFacts(
+            name="perlmutter-a100",
+            gpu_name="NVIDIA A100-SXM4-80GB",
+            gpu_memory_bytes=80 * GiB,
+            gpus_per_node=4,
+            # 12 NVLink3 links x 25 GB/s per direction; 4 GPUs fully connected (4 links per pair)
+            intra_node_link=Link("NVLink 3.0", 300.0, 12),
+            # 4 x 50 Gb/s NICs per node
+            inter_node_link=Link("Slingshot-10", 25.0, 4),
+            peak_fp16_tflops=312.0,
+            hbm_bandwidth_gbps=2039.0,  # HBM2e of the 80 GB part
+        ),
+        sample_dir="Perlmutter",
+        device_string="NVIDIAA100-SXM4-80GB",
+        notes=(
+            "GPU memory: the sample files were measured on NVIDIA A100-SXM4-80GB (80 GB HBM2e, "
+            "2039 GB/s); the paper's Table V says 40 GB HBM2. The measured device is used.",
+        ),
+    ),
+    "vista-gh200": KnownCluster(
+        facts=ClusterFacts(
+            name="vista-gh200",
+            gpu_name="NVIDIA GH200 120GB",
+            gpu_memory_bytes=96 * GiB,
+            gpus_per_node=1,
+            # one GPU per node: the only intra-node link is NVLink-C2C to the Grace CPU
+            intra_node_link=Link("NVLink-C2C (CPU-GPU)", 450.0, 1),
+            inter_node_link=Link("NDR InfiniBand", 50.0, 1),
+            peak_fp16_tflops=989.0,
+            hbm_bandwidth_gbps=4000.0,  # 96 GB HBM3
+        ),
+        sample_dir="Vista",
+        device_string="NVIDIAGH200120GB",
+        notes=(
+            "GPU memory: the device reports itself as 'GH200 120GB' (120 GB is the Grace "
+            "LPDDR5X); the GPU has 96 GB HBM3 (paper Table V), which is what is recorded.",
+        ),
+    ),
+}

@@ -1,0 +1,323 @@
+"""Cluster profiles: loading the trained artifacts and predicting operator / collective times.
+
+A profile is a directory with `manifest.json` (facts, provenance, per-model metadata) and
+`arrays.npz` (all exported trees, read with allow_pickle=False). Only numpy and the
+standard library are imported here: `neox-perf check` loads profiles on its fast path.
+
+    >>> p = load_profile("perlmutter-a100")
+    >>> p.predict("linear1", "fwd", {"m": 8192, "k": 6144, "n": 18432}).seconds
+    >>> p.predict_collective("allreduce", elements=50_000_000, nodes=2, gpus_per_node=4)
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Mapping, Optional, Tuple, Union
+
+import numpy as np
+
+from neox_perf import opspec
+
+from . import baseline
+from .artifacts import MANIFEST_FILE, RETRAIN, SCHEMA, SCHEMA_VERSION, Arrays, Model
+from .errors import ProfileError
+from .facts import ClusterFacts
+
+
+
+def _bundled_dir() -> Path:
+    # installed: neox_perf/profiles next to neox_perf/__init__.py; source tree: the same folder
+    import neox_perf
+    return Path(neox_perf.__file__).resolve().parent / "profiles"
+
+
+@dataclass(frozen=True)
+class Prediction:
+    seconds: float
+    extrapolated: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class BatchPrediction:
+    seconds: np.ndarray
+    extrapolated: np.ndarray  # bool per query
+    reasons: Tuple[str, ...]  # "" where not extrapolated
+
+    def __len__(self) -> int:
+        return len(self.seconds)
+
+    def __getitem__(self, i: int) -> Prediction:
+        return Prediction(float(self.seconds[i]), bool(self.extrapolated[i]), self.reasons[i])
+
+
+@dataclass(frozen=True)
+class ProfileInfo:
+    name: str
+    path: Path
+    gpu: str
+    provenance: str
+
+
+class ClusterProfile:
+    """Trained regressors of one cluster. Build with load_profile()."""
+
+    def __init__(self, path: Path, manifest: dict, arrays: Optional[Arrays]):
+        self.path = path
+        self.manifest = manifest
+        self.name: str = manifest["name"]
+        self.facts: ClusterFacts = ClusterFacts.from_dict(manifest["facts"])
+        self._ops: Dict[Tuple[str, str], Model] = {}
+        self._colls: Dict[str, Model] = {}
+        self._cache: Dict[tuple, Prediction] = {}
+        for op, phases in manifest["operators"].items():
+            for phase, entry in phases.items():
+                self._ops[(op, phase)] = Model(f"{op}/{phase}", entry, arrays)
+        for kind, entry in manifest["collectives"].items():
+            self._colls[kind] = Model(kind, entry, arrays)
+
+    # ---- operators -------------------------------------------------------------------
+    def operators(self) -> List[Tuple[str, str]]:
+        """(op, phase) pairs this profile can predict."""
+        return sorted(self._ops)
+
+    def predict(self, op: str, phase: str, features: Mapping[str, float]) -> Prediction:
+        """Seconds for one operator call on one rank (one micro-batch, one tensor-parallel shard).
+
+        features: the op's generic per-rank shape, see neox_perf.opspec.OPS[op].features.
+        """
+        spec = opspec.op_spec(op)
+        try:
+            values = tuple(float(features[n]) for n in spec.features)
+        except (KeyError, TypeError):
+            values = None
+        if values is None or len(features) != len(spec.features):
+            return self.predict_many(op, phase, features)[0]  # raises the precise error
+        key = (op, phase, values)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        model = self._model_for(op, phase, spec)
+        _check_values(op, spec.features, values)
+        if model.derived_from is not None:
+            out = self.predict_many(op, phase, features)[0]
+        else:
+            c = model.coef_list
+            feats = dict(zip(spec.features, values))
+            base = (c[0] + c[1] * float(opspec.op_flops(op, phase, feats))
+                    + c[2] * float(opspec.op_bytes(op, phase, feats)))
+            reason = model.out_of_range_one(values)
+            out = Prediction(base * math.exp(model.residual_one(values)), bool(reason), reason)
+        if len(self._cache) < 100_000:
+            self._cache[key] = out
+        return out
+
+    def _model_for(self, op: str, phase: str, spec) -> Model:
+        if phase not in spec.phases:
+            raise ValueError(f"operator {op!r} has phases {', '.join(spec.phases)}, not {phase!r}")
+        model = self._ops.get((op, phase))
+        if model is None:
+            raise ProfileError(self.path, f"profile {self.name} has no model for {op}/{phase}",
+                               "use a profile trained with samples for this operator")
+        return model
+
+    def predict_many(self, op: str, phase: str, features: Mapping[str, object]) -> BatchPrediction:
+        """Vectorised predict: each feature a scalar or an array (broadcast together)."""
+        spec = opspec.op_spec(op)
+        if phase not in spec.phases:
+            raise ValueError(f"operator {op!r} has phases {', '.join(spec.phases)}, not {phase!r}")
+        missing = [n for n in spec.features if n not in features]
+        extra = [n for n in features if n not in spec.features]
+        if missing or extra:
+            raise ValueError(f"{op} takes features {', '.join(spec.features)}"
+                             + (f"; missing {', '.join(missing)}" if missing else "")
+                             + (f"; unknown {', '.join(extra)}" if extra else ""))
+        try:
+            cols = [np.asarray(c, dtype=float).ravel()
+                    for c in np.broadcast_arrays(*(np.asarray(features[n], dtype=float) for n in spec.features))]
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{op}: features must be numbers or arrays of numbers ({exc})") from None
+        for name, col in zip(spec.features, cols):
+            ok = np.isfinite(col) & ((col >= 0) if name == "causal" else (col > 0))
+            if not np.all(ok):
+                _check_values(op, (name,), (float(col[~ok][0]),))
+        model = self._model_for(op, phase, spec)
+        feats = dict(zip(spec.features, cols))
+        if model.derived_from is not None:
+            src = self.predict_many(op, model.derived_from, feats)
+            seconds = src.seconds
+            reasons = list(src.reasons)
+            extrapolated = src.extrapolated.copy()
+            if model.derived_scale == "flop_ratio":
+                seconds = seconds * (np.asarray(opspec.op_flops(op, phase, feats), dtype=float)
+                                     / np.asarray(opspec.op_flops(op, model.derived_from, feats), dtype=float))
+                note = f"{op}/{phase} not measured reliably, {model.derived_reason}"
+                reasons = [f"{note}; {r}" if r else note for r in reasons]
+                extrapolated[:] = True
+            return BatchPrediction(seconds, extrapolated, tuple(reasons))
+        base = baseline.evaluate(baseline.roofline_design(op, phase, feats), model.coef)
+        seconds = base * np.exp(model.residual(cols))
+        reasons = model.out_of_range(cols)
+        return BatchPrediction(seconds, np.array([bool(r) for r in reasons]), tuple(reasons))
+
+    # ---- collectives -----------------------------------------------------------------
+    def collectives(self) -> List[str]:
+        return sorted(self._colls)
+
+    def predict_collective(self, kind: str, elements: float, nodes: int, gpus_per_node: int) -> Prediction:
+        """Seconds for one NCCL collective over nodes x gpus_per_node ranks.
+
+        elements: fp16 elements per rank as in the samples -- the reduced tensor (allreduce),
+        each rank's input chunk (allgather), the tensor sent (p2p). For p2p, nodes=1 means both
+        ends in one node, nodes>1 that it crosses nodes. One rank in total takes 0 s.
+        """
+        if kind not in opspec.COLLECTIVES:
+            raise ValueError(f"unknown collective {kind!r}; known: {', '.join(opspec.COLLECTIVES)}")
+        for name, v in (("nodes", nodes), ("gpus_per_node", gpus_per_node)):
+            if int(v) != v or v < 1:
+                raise ValueError(f"{name} must be a whole number >= 1, got {v!r}")
+        nodes, gpus_per_node = int(nodes), int(gpus_per_node)
+        if gpus_per_node > self.facts.gpus_per_node:
+            raise ValueError(f"{self.name} has {self.facts.gpus_per_node} GPUs per node, not {gpus_per_node}")
+        elements = float(elements)
+        if not math.isfinite(elements) or elements < 0:
+            raise ValueError(f"elements must be finite and >= 0, got {elements!r}")
+        if nodes * gpus_per_node == 1 or elements == 0:
+            return Prediction(0.0, False, "")
+        key = (kind, elements, nodes, gpus_per_node)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        model = self._colls.get(kind)
+        if model is None:
+            raise ProfileError(self.path, f"profile {self.name} has no model for {kind}",
+                               "use a profile trained with samples for this collective")
+        if kind == "p2p":
+            # one sender, one receiver: only whether the pair crosses nodes matters
+            nodes, gpus_per_node = (2, 1) if nodes > 1 else (1, 2)
+        design = baseline.collective_design(kind, elements, nodes, gpus_per_node, self.facts.inter_node_link.lanes)
+        seconds = float(baseline.evaluate(design, model.coef)[0])
+        topo = (nodes, gpus_per_node)
+        if topo not in model.topologies:
+            sampled = ", ".join(f"{a}x{b}" for a, b in sorted(model.topologies))
+            out = Prediction(seconds, True, f"{kind}: topology {nodes} nodes x {gpus_per_node} GPUs/node "
+                                            f"never sampled (sampled: {sampled}); alpha-beta baseline only")
+        else:
+            seconds *= math.exp(model.residual_one((elements, float(nodes), float(gpus_per_node))))
+            lo, hi = model.topologies[topo]
+            reason = ""
+            if not lo * (1 - 1e-9) <= elements <= hi * (1 + 1e-9):
+                side = "below the sampled minimum" if elements < lo else "above the sampled maximum"
+                reason = (f"{kind}: elements={elements:g} {side} {lo if elements < lo else hi:g} "
+                          f"for {nodes} nodes x {gpus_per_node} GPUs/node")
+            out = Prediction(seconds, bool(reason), reason)
+        if len(self._cache) < 100_000:
+            self._cache[key] = out
+        return out
+
+    def info(self) -> ProfileInfo:
+        return _info(self.path, self.manifest)
+
+    def __repr__(self) -> str:
+        return f"ClusterProfile({self.name!r}, gpu={self.facts.gpu_name!r}, path={str(self.path)!r})"
+
+
+def _check_values(op: str, names, values) -> None:
+    for name, v in zip(names, values):
+        if not (math.isfinite(v) and (v >= 0 if name == "causal" else v > 0)):
+            raise ValueError(f"{op}: feature {name} must be finite and {'>= 0' if name == 'causal' else '> 0'}, "
+                             f"got {v!r}")
+
+
+def _info(path: Path, manifest: dict) -> ProfileInfo:
+    prov = manifest.get("provenance", {})
+    versions = manifest.get("training", {}).get("library_versions", {})
+    text = f"{prov.get('source', 'unknown source')}, {prov.get('license', 'unknown license')} licence"
+    if versions:
+        text += "; trained with " + ", ".join(f"{k} {v}" for k, v in versions.items() if k != "python")
+    return ProfileInfo(manifest["name"], path, manifest["facts"]["gpu_name"], text)
+
+
+def _read_manifest(directory: Path) -> dict:
+    path = directory / MANIFEST_FILE
+    if not path.is_file():
+        raise ProfileError(path, "profile manifest not found", f"point at a profile directory or {RETRAIN}")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            manifest = json.load(fh)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProfileError(path, f"unreadable profile manifest ({exc})", RETRAIN) from None
+    if not isinstance(manifest, dict) or manifest.get("schema") != SCHEMA:
+        raise ProfileError(path, "not a neox-perf cluster profile (no schema "
+                                 f"{SCHEMA!r})", "point at a directory written by neox_perf.predictors.train")
+    version = manifest.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise ProfileError(path, f"profile schema version {version!r}, this neox-perf reads {SCHEMA_VERSION}",
+                           f"use the neox-perf that wrote it or {RETRAIN}")
+    for key in ("name", "facts", "operators", "collectives"):
+        if key not in manifest:
+            raise ProfileError(path, f"profile manifest lacks {key!r}", RETRAIN)
+    return manifest
+
+
+def _read_arrays(directory: Path, manifest: dict) -> Optional[Arrays]:
+    spec = manifest.get("arrays") or {}
+    if not spec.get("file"):
+        return None
+    path = directory / spec["file"]
+    if not path.is_file():
+        raise ProfileError(path, "profile arrays file not found", RETRAIN)
+    return Arrays(path, spec.get("sha256"))
+
+
+_LOADED: Dict[Tuple[str, int], ClusterProfile] = {}
+
+
+def _resolve(name_or_path: Union[str, Path]) -> Path:
+    text = str(name_or_path)
+    bundled = _bundled_dir()
+    if isinstance(name_or_path, str) and "/" not in text and "\\" not in text and (bundled / text).is_dir():
+        return bundled / text
+    path = Path(name_or_path).expanduser()
+    if path.is_file() and path.name == MANIFEST_FILE:
+        return path.parent
+    if path.is_dir():
+        return path
+    names = ", ".join(p.name for p in list_profiles()) or "none bundled"
+    raise ProfileError(text, "no such cluster profile", f"use a bundled profile ({names}) or a profile directory")
+
+
+def load_profile(name_or_path: Union[str, Path]) -> ClusterProfile:
+    """A bundled profile by name ("perlmutter-a100", "vista-gh200") or a profile directory."""
+    directory = _resolve(name_or_path).resolve()
+    manifest_path = directory / MANIFEST_FILE
+    stamp = manifest_path.stat().st_mtime_ns if manifest_path.is_file() else 0
+    hit = _LOADED.get((str(directory), stamp))
+    if hit is not None:
+        return hit
+    manifest = _read_manifest(directory)
+    arrays = _read_arrays(directory, manifest)
+    try:
+        profile = ClusterProfile(directory, manifest, arrays)
+    except KeyError as exc:
+        raise ProfileError(manifest_path, f"inconsistent profile (missing key {exc})", RETRAIN) from None
+    except (TypeError, ValueError, IndexError) as exc:
+        raise ProfileError(manifest_path, f"inconsistent profile ({' '.join(str(exc).split())})", RETRAIN) from None
+    _LOADED[(str(directory), stamp)] = profile
+    return profile
+
+
+def list_profiles() -> List[ProfileInfo]:
+    """Bundled profiles (those whose manifest reads cleanly)."""
+    out = []
+    bundled = _bundled_dir()
+    if not bundled.is_dir():
+        return out
+    for directory in sorted(p for p in bundled.iterdir() if p.is_dir()):
+        try:
+            out.append(_info(directory, _read_manifest(directory)))
+        except ProfileError:
+            continue
+    return out

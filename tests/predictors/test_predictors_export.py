@@ -1,0 +1,93 @@
+"""Exported trees evaluated with numpy must equal the libraries' own predict (1e-6)."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from neox_perf.predictors import export, fit
+from neox_perf.predictors.forest import log_features, round_down_float32
+
+TOL = 1e-6
+
+
+def _data(seed=0, n=600):
+    rng = np.random.default_rng(seed)
+    raw = np.exp(rng.uniform(np.log(512), np.log(40960), size=(n, 3)))
+    raw[:, 2] = np.round(raw[:, 2] / 512) * 512  # repeated values: ties at thresholds
+    x = log_features(raw.T)
+    y = 0.3 * np.sin(x[:, 0]) + 0.1 * x[:, 1] - 0.05 * x[:, 2] + rng.normal(0, 0.02, n)
+    return x, y
+
+
+def _inputs(x, seed=1):
+    rng = np.random.default_rng(seed)
+    random = (rng.normal(size=(2000, x.shape[1])) * x.std(0) * 2 + x.mean(0)).astype(np.float32)
+    return random
+
+
+@pytest.mark.parametrize("kind, params", fit.candidates())
+def test_every_production_config_exports_exactly(kind, params):
+    x, y = _data()
+    params = dict(params, n_estimators=min(params["n_estimators"], 40))
+    model = fit.make_model(kind, params).fit(x, y)
+    forest = export.export(model)
+    assert export.max_relative_error(forest, model, x) <= TOL
+    assert export.max_relative_error(forest, model, _inputs(x)) <= TOL
+    # inputs sitting exactly on every threshold take the library's branch
+    thresholds = forest.threshold[np.isfinite(forest.threshold)]
+    on = np.repeat(x[:1], len(thresholds), axis=0)
+    on[:, forest.feature[np.isfinite(forest.threshold)]] = thresholds[:, None]
+    assert export.max_relative_error(forest, model, on) <= TOL
+    # the single-row fast path agrees with the batch path
+    for row in x[:20]:
+        assert forest.predict_one(row) == pytest.approx(forest.predict(row[None, :])[0], rel=1e-12, abs=1e-12)
+
+
+def test_xgboost_sum_is_bit_exact():
+    x, y = _data(3)
+    y = y + 5.0  # a base_score far from zero makes float32 accumulation order matter
+    model = fit.make_model("xgboost", dict(n_estimators=300, learning_rate=0.1, max_depth=6,
+                                           min_child_weight=1, subsample=0.8)).fit(x, y)
+    forest = export.export(model)
+    np.testing.assert_array_equal(forest.predict(x), model.predict(x).astype(np.float64))
+
+
+def test_round_down_float32():
+    t = np.array([0.1, 1.0, 1e-8, -3.3, 7.0 + 1e-12])
+    r = round_down_float32(t)
+    assert r.dtype == np.float32
+    assert np.all(r.astype(np.float64) <= t)
+    assert np.all(np.nextafter(r, np.float32(np.inf)).astype(np.float64) > t)
+
+
+def test_export_rejects_unknown_objects():
+    with pytest.raises(TypeError):
+        export.export(object())
+
+
+def test_check_export_raises_on_mismatch():
+    x, y = _data()
+    model = fit.make_model("random_forest", dict(n_estimators=4, max_depth=4, min_samples_leaf=2,
+                                                 max_features=1.0)).fit(x, y)
+    forest = export.export(model)
+    broken = type(forest)(forest.feature, forest.threshold, forest.right, forest.value + 0.1,
+                          forest.roots, forest.depth, forest.combine, forest.base)
+    with pytest.raises(AssertionError):
+        export.check_export(broken, model, x)
+
+
+def test_bundled_profiles_record_exact_exports():
+    """train.py checks every exported model against its library on all training rows."""
+    root = Path(__file__).resolve().parents[2] / "neox_perf" / "profiles"
+    manifests = sorted(root.glob("*/manifest.json"))
+    if not manifests:
+        pytest.skip("no bundled profiles")
+    for path in manifests:
+        m = json.loads(path.read_text())
+        entries = [e for phases in m["operators"].values() for e in phases.values()]
+        entries += list(m["collectives"].values())
+        forests = [e for e in entries if "forest" in e]
+        assert forests, path
+        for e in forests:
+            assert e["export_max_error"] <= TOL, (path, e["forest"])

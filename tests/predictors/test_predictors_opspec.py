@@ -1,0 +1,75 @@
+import math
+
+import numpy as np
+import pytest
+
+from neox_perf import opspec
+
+
+def test_every_op_has_costs_for_its_phases():
+    for name, spec in opspec.OPS.items():
+        feats = {f: (0.0 if f == "causal" else 64.0) for f in spec.features}
+        for phase in spec.phases:
+            assert spec.flops(phase, feats) > 0, name
+            assert spec.bytes_moved(phase, feats) > 0, name
+        with pytest.raises(ValueError):
+            spec.flops("nonsense", feats)
+
+
+def test_canonical_vocabulary():
+    assert set(opspec.OPERATORS) == {
+        "embedding", "layernorm", "rmsnorm", "res_add", "linear1", "linear2", "linear3", "linear4",
+        "linear_final", "rope", "qk", "fillmask", "softmax", "fused_softmax", "av", "flash_attention",
+        "gelu", "cross_entropy", "optimizer"}
+    assert opspec.COLLECTIVES == ("allreduce", "allgather", "p2p")
+
+
+def test_gemm_costs_and_dtype_parameter():
+    f = {"m": 1024, "k": 512, "n": 256}
+    assert opspec.op_flops("linear1", "fwd", f) == 2 * 1024 * 512 * 256
+    assert opspec.op_flops("linear1", "bwd", f) == 2 * opspec.op_flops("linear1", "fwd", f)
+    io = 1024 * 512 + 512 * 256 + 1024 * 256
+    assert opspec.op_bytes("linear1", "fwd", f) == 2 * io
+    assert opspec.op_bytes("linear1", "fwd", f, dtype_bytes=4) == 4 * io
+
+
+def test_causal_flash_attention_does_half_the_work():
+    f = {"b": 2, "l": 4096, "heads": 16, "head_dim": 128, "causal": 0}
+    full = opspec.op_flops("flash_attention", "fwd", f)
+    half = opspec.op_flops("flash_attention", "fwd", dict(f, causal=1))
+    assert half == pytest.approx(opspec.CAUSAL_WORK_FRACTION * full)
+    assert opspec.op_flops("flash_attention", "bwd", f) == pytest.approx(opspec.FLASH_BWD_FLOP_RATIO * full)
+
+
+def test_vectorised_features():
+    f = {"m": np.array([1.0, 2.0]), "k": 3.0, "n": 4.0}
+    np.testing.assert_allclose(opspec.op_flops("linear3", "fwd", f), [24.0, 48.0])
+
+
+def test_vocab_padding_matches_the_data_readme():
+    assert opspec.vocab_per_rank(50257, 1) == 50304
+    assert opspec.vocab_per_rank(50257, 16) == math.ceil(50257 / 2048) * 128 == 3200
+    assert opspec.padded_vocab(50257, 16) == 3200 * 16
+
+
+def test_neox_parameter_counts():
+    d = 4096
+    assert opspec.neox_layer_params(d, 1) == 12 * d * d + 13 * d
+    # norms and RowParallel biases (6d) replicated, the rest split
+    assert opspec.neox_layer_params(d, 4) == (12 * d * d + 7 * d) / 4 + 6 * d
+    v = opspec.vocab_per_rank(50257, 2)
+    middle = opspec.neox_stage_params(d, 3, 2, "middle")
+    assert opspec.neox_stage_params(d, 3, 2, "first") == middle + v * d
+    assert opspec.neox_stage_params(d, 3, 2, "last") == middle + 2 * d + v * d
+    with pytest.raises(ValueError):
+        opspec.neox_stage_params(d, 3, 2, "sideways")
+
+
+def test_ring_volumes():
+    s = 1000
+    assert opspec.collective_wire_bytes("allreduce", s, 4) == pytest.approx(2 * 3 / 4 * 2 * s)
+    assert opspec.collective_wire_bytes("allgather", s, 4) == pytest.approx(3 * 2 * s)
+    assert opspec.collective_wire_bytes("p2p", s, 2) == pytest.approx(2 * s)
+    assert opspec.collective_wire_bytes("allreduce", s, 1) == 0
+    with pytest.raises(ValueError):
+        opspec.collective_wire_bytes("alltoall", s, 4)
