@@ -64,6 +64,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     clusters = sub.add_parser("clusters", help="list the cluster profiles and their provenance")
     clusters.add_argument("--json", action="store_true", help="print one versioned JSON envelope")
+
+    from .commands.report import add_arguments as add_report_arguments
+    from .commands.run import add_arguments as add_run_arguments
+    run = sub.add_parser("run", help="train with the runtime hook on every rank: "
+                                     "neox-perf run [options] -- <launch command>")
+    add_run_arguments(run)
+    report = sub.add_parser("report", help="predicted vs measured time of a hooked run")
+    add_report_arguments(report)
     return parser
 
 
@@ -84,6 +92,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         elif args.command == "clusters":
             from .commands.clusters import run_clusters
             result = run_clusters(args)
+        elif args.command == "run":
+            from .commands.run import run_run
+            result = run_run(args)
+        elif args.command == "report":
+            from .commands.report import run_report
+            result = run_report(args)
         else:  # pragma: no cover - argparse rejects unknown commands
             raise UsageError(f"unknown command {args.command}")
         from .render import emit

@@ -92,6 +92,6 @@ def _render_report(r: dict, console) -> None:
         console.print("mapped share of forward+backward time: " + ", ".join(
             f"rank {c['rank']} {c['fraction'] * 100:.0f}%" for c in cov if c["fraction"] is not None))
     s = r.get("samples") or {}
-    console.print(f"samples stored: {s.get('count', 0)} in {s.get('store')}")
+    console.print(f"samples stored: {s.get('count', 0)} in {', '.join(s.get('stores') or []) or '-'}")
     for n in r.get("notes") or []:
         console.print(f"[yellow]note:[/yellow] {n}")

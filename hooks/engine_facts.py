@@ -1,0 +1,120 @@
+"""What the DeepSpeed engine itself says about the run: layout, batch, parameters, dtype.
+
+This is all a plain DeepSpeed script gives us; every fact is read defensively (engines
+differ across DeepSpeed versions and forks) and a fact that cannot be read is None plus a
+line in `missing`, so the report can say what it could not know.
+"""
+from __future__ import annotations
+
+import os
+import platform
+from typing import Any, Dict, List
+
+
+def _try(missing: List[str], what: str, fn, default=None):
+    try:
+        return fn()
+    except Exception as exc:
+        missing.append(f"{what}: {exc.__class__.__name__}")
+        return default
+
+
+def is_pipeline(engine) -> bool:
+    try:
+        from deepspeed.runtime.pipe.engine import PipelineEngine
+        return isinstance(engine, PipelineEngine)
+    except Exception:
+        return hasattr(engine, "train_batch") and hasattr(engine, "num_stages")
+
+
+def base_optimizer(engine):
+    """The torch optimizer that really steps (under ZeRO / fp16 wrappers)."""
+    opt = getattr(engine, "optimizer", None)
+    seen = 0
+    while opt is not None and seen < 4 and not hasattr(opt, "param_groups"):
+        opt = getattr(opt, "optimizer", None)
+        seen += 1
+    if opt is not None and hasattr(getattr(opt, "optimizer", None), "param_groups") \
+            and type(opt).__module__.startswith("deepspeed"):
+        opt = opt.optimizer  # FP16_Optimizer & co keep the fp32 master optimizer inside
+    return opt
+
+
+def _optimizer_params(engine) -> int:
+    opt = base_optimizer(engine)
+    return int(sum(p.numel() for g in opt.param_groups for p in g["params"]))
+
+
+def _dtype(engine) -> str:
+    if engine.fp16_enabled():
+        return "fp16"
+    if engine.bfloat16_enabled():
+        return "bf16"
+    return "fp32"
+
+
+def stage_label(stage: int, stages: int) -> str:
+    if stages <= 1:
+        return "only"
+    return "first" if stage == 0 else "last" if stage == stages - 1 else "middle"
+
+
+def facts(engine) -> Dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+    missing: List[str] = []
+    pipe = is_pipeline(engine)
+    world = dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
+    rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
+    device = _try(missing, "device", lambda: str(engine.device), "cpu")
+    out: Dict[str, Any] = {
+        "engine": type(engine).__name__,
+        "pipeline": pipe,
+        "rank": rank,
+        "world_size": world,
+        "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
+        "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("LOCAL_SIZE", "0")) or 0) or None,
+        "host": platform.node(),
+        "device": device,
+        "device_type": "cuda" if str(device).startswith("cuda") else str(device).split(":")[0],
+        "dtype": _try(missing, "dtype", lambda: _dtype(engine), "fp32"),
+        "zero_stage": _try(missing, "ZeRO stage", lambda: int(engine.zero_optimization_stage())),
+        "micro_batch_size": _try(missing, "micro batch size",
+                                 lambda: int(engine.train_micro_batch_size_per_gpu())),
+        "gradient_accumulation_steps": _try(missing, "gradient accumulation steps",
+                                            lambda: int(engine.gradient_accumulation_steps())),
+        "train_batch_size": _try(missing, "train batch size", lambda: int(engine.train_batch_size())),
+        "dp": _try(missing, "data-parallel size", lambda: int(engine.dp_world_size)),
+        "mp": _try(missing, "model-parallel size", lambda: int(getattr(engine, "mp_world_size", 1) or 1)),
+        "params": _try(missing, "parameters", lambda: int(sum(
+            getattr(p, "ds_numel", p.numel()) for p in engine.module.parameters() if p.requires_grad))),
+        "optimizer": _try(missing, "optimizer", lambda: type(base_optimizer(engine)).__name__),
+        "optimizer_params": _try(missing, "optimizer parameters", lambda: _optimizer_params(engine)),
+        "torch_threads": torch.get_num_threads(),
+    }
+    if pipe:
+        out["stages"] = _try(missing, "stages", lambda: int(engine.num_stages), 1)
+        out["stage"] = _try(missing, "stage", lambda: int(engine.stage_id), 0)
+        out["micro_batches"] = _try(missing, "micro-batches", lambda: int(engine.micro_batches))
+        out["parts"] = _try(missing, "partition", lambda: [int(x) for x in engine.module.parts])
+        out["layer_names"] = _try(missing, "layer names", lambda: [_spec_name(s) for s in
+                                                                   engine.module._layer_specs])
+        grid = getattr(engine, "grid", None)
+        if grid is not None:
+            out["mp"] = _try(missing, "model-parallel size",
+                             lambda: int(grid.get_slice_parallel_world_size()), out["mp"])
+    else:
+        out["stages"], out["stage"] = 1, 0
+        out["micro_batches"] = out["gradient_accumulation_steps"]
+        out["parts"] = None
+        out["layer_names"] = None
+    out["stage_label"] = stage_label(out["stage"] or 0, out["stages"] or 1)
+    out["missing"] = missing
+    return out
+
+
+def _spec_name(spec) -> str:
+    typename = getattr(spec, "typename", None)
+    if typename is not None:
+        return getattr(typename, "__name__", str(typename))
+    return getattr(spec, "__name__", type(spec).__name__)

@@ -1,0 +1,151 @@
+"""What the project's predictor says about a running job: config -> decomposition -> estimate.
+
+Rebuilds a NeoxConfig from the values the hook recorded (neox_args.discover), with the
+world size the job really has and the precision the engine really runs, derives the model
+and the per-stage decomposition, and asks a cluster profile for the times. Pure functions
+of recorded data, so `neox-perf report` recomputes them offline with any profile. No torch.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, List, Optional, Tuple
+
+from .trace_map import Dims
+
+_PRECISION = {"fp16": "fp16", "bf16": "bfloat16", "fp32": "fp32"}
+
+
+def rebuild(record: Dict[str, Any], facts: Dict[str, Any], cluster_gpn: Optional[int] = None):
+    """(NeoxConfig, DerivedModel, notes) or (None, None, notes) when it cannot be rebuilt."""
+    notes: List[str] = []
+    if not record or not record.get("values"):
+        return None, None, notes
+    from neox_perf.config import WorldRequest, build
+    from neox_perf.config.loader import RawConfig
+    from neox_perf.derive import derive
+    values = dict(record["values"])
+    files = list(record.get("files") or []) or ["<recorded config>"]
+    raw = RawConfig(values=values, sources={k: files[-1] for k in values}, files=files)
+    world = int(facts.get("world_size") or 1)
+    local = facts.get("local_world_size")
+    gpn = min(local, cluster_gpn) if (local and cluster_gpn) else (local or cluster_gpn)
+    cfg, verdicts, _ = build(raw, WorldRequest(gpus=world, gpus_per_node=gpn))
+    errors = [v for v in verdicts if v.level == "error"]
+    if errors:
+        notes.append("config rebuilt with errors: " + "; ".join(v.message for v in errors[:3]))
+        return None, None, notes
+    run_precision = _PRECISION.get(facts.get("dtype") or "", None)
+    if run_precision and run_precision != cfg.training.precision:
+        notes.append(f"the config asks for {cfg.training.precision}; the engine ran "
+                     f"{run_precision}, which is what is predicted")
+        cfg = dataclasses.replace(cfg, training=dataclasses.replace(cfg.training,
+                                                                    precision=run_precision))
+    vocab = record.get("vocab")
+    if not vocab:
+        from neox_perf.config import raw_vocab
+        rv = raw_vocab(cfg.model.tokenizer_type, cfg.model.vocab_file, None, [])
+        vocab = rv.size
+        notes.append(f"raw vocabulary {vocab} ({rv.source})")
+    derived = derive(cfg, int(vocab))
+    engine_parts = facts.get("parts")
+    if engine_parts and list(derived.parts) != list(engine_parts):
+        notes.append(f"DeepSpeed partitioned the layers as {engine_parts}; the config derives "
+                     f"{list(derived.parts)}; the engine's partition is used")
+    return cfg, derived, notes
+
+
+def dims(cfg, derived) -> Dims:
+    from neox_perf.operators import mlp_widths
+    m, mp = cfg.model, max(cfg.parallel.model_parallel_size, 1)
+    hd = m.head_dim
+    ffn_out, ffn_in = mlp_widths(cfg)
+    return Dims(hidden=m.hidden_size, qkv=(m.hidden_size + 2 * m.num_kv_heads * hd) // mp,
+                ffn_out=ffn_out // mp, ffn_in=ffn_in // mp, vocab=derived.padded_vocab // mp,
+                hidden_local=m.hidden_size // mp, source="config")
+
+
+def stage_shapes(derived, facts) -> list:
+    from neox_perf.operators import StageShape
+    stages = derived.stages
+    parts, names = facts.get("parts"), facts.get("layer_names")
+    counts = None
+    if parts and names and len(parts) == len(stages) + 1:
+        blocks = ("ParallelTransformerLayerPipe", "GMLPBlock", "RWKVResidualLayerPipe",
+                  "ParallelMambaResidualLayerPipe")
+        counts = [sum(1 for n in names[a:b] if n in blocks) for a, b in zip(parts, parts[1:])]
+    last = len(stages) - 1
+    return [StageShape(index=s.index,
+                       transformer_layers=counts[s.index] if counts else s.transformer_layers,
+                       has_embedding=s.index == 0, has_head=s.index == last,
+                       params_per_rank=s.params_per_rank) for s in stages]
+
+
+def load(cluster: Optional[str]):
+    """(profile, note): a ClusterProfile, or None and why not."""
+    if not cluster:
+        return None, ("no cluster profile (neox-perf run --cluster NAME, or NEOX_PERF_CLUSTER): "
+                      "prediction skipped")
+    from neox_perf.predictors.profile import load_profile
+    try:
+        return load_profile(cluster), ""
+    except Exception as exc:
+        line = getattr(exc, "line", None)
+        text = line() if callable(line) else str(exc)
+        return None, f"cluster profile {cluster!r} not usable ({text}): prediction skipped"
+
+
+def predict(record, facts, profile) -> Dict[str, Any]:
+    """The iteration estimate as plain data, or {"iteration_seconds": None, "notes": [...]}."""
+    out: Dict[str, Any] = {"iteration_seconds": None, "notes": []}
+    if profile is None:
+        return out
+    try:
+        cfg, derived, notes = rebuild(record, facts, profile.facts.gpus_per_node)
+    except Exception as exc:
+        out["notes"].append(f"config could not be rebuilt: {exc.__class__.__name__}: {exc}")
+        return out
+    out["notes"].extend(notes)
+    if cfg is None:
+        if record and record.get("why"):
+            out["notes"].append(f"no NeoX config: {record['why']}")
+        return out
+    from neox_perf.estimate import estimate
+    from neox_perf.operators import decompose
+    try:
+        decomp = decompose(cfg, derived.padded_vocab, stage_shapes(derived, facts))
+        est = estimate(decomp, profile)
+    except Exception as exc:  # a profile without some operator, a layout it cannot place
+        line = getattr(exc, "line", None)
+        out["notes"].append(f"no prediction: {line() if callable(line) else exc}")
+        return out
+    out.update({
+        "profile": profile.name,
+        "iteration_seconds": est.iteration_seconds,
+        "breakdown": dict(est.breakdown),
+        "stages": [dataclasses.asdict(s) for s in est.stages],
+        "stage_ready": list(est.timeline.stage_ready),
+        "critical_stage": est.timeline.critical_stage,
+        "micro_batches": decomp.micro_batches,
+        "extrapolated": [f"{f.what}: {f.reason}" for f in est.flags],
+    })
+    out["notes"].extend(decomp.notes)
+    return out
+
+
+def predict_call(profile, op: str, phase: str, features: Dict[str, float],
+                 dtype: str) -> Tuple[Optional[float], str]:
+    """Seconds the profile gives one measured call, or (None, why not)."""
+    from neox_perf import opspec
+    try:
+        if op in opspec.COLLECTIVES:
+            # The profiles count fp16 elements; a wider dtype moves proportionally more bytes.
+            scale = {"fp32": 2.0, "fp64": 4.0}.get(dtype, 1.0)
+            gpn = int(features["gpus_per_node"])
+            if gpn > profile.facts.gpus_per_node:
+                return None, f"{gpn} ranks per node > the profile's {profile.facts.gpus_per_node}"
+            p = profile.predict_collective(op, features["elements"] * scale, int(features["nodes"]), gpn)
+        else:
+            p = profile.predict(op, phase, features)
+        return float(p.seconds), (p.reason if p.extrapolated else "")
+    except Exception as exc:
+        return None, f"{exc.__class__.__name__}: {' '.join(str(exc).split())[:120]}"

@@ -1,0 +1,294 @@
+"""Predicted vs measured, from a run dir: plain data for the JSON envelope and the renderer.
+
+Measured iteration times come from every rank's iterations file: an iteration of the job
+is the slowest rank's time at that index; iterations inside profiling windows (slowed by
+the profiler on purpose) and the first one (warm-up) are left out of min and median.
+Phase components (forward, backward, optimizer, gradient reduction, p2p) and operators
+come from the profiling windows, per iteration / per call. No rich, no torch.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+from typing import Any, Dict, List, Optional
+
+from . import prediction, summary
+from .timing import read_iterations
+
+
+class ReportError(Exception):
+    """The run dir holds nothing to report; the message says why and what to do."""
+
+
+def _err(pred: Optional[float], meas: Optional[float]) -> Optional[float]:
+    if pred is None or meas is None or meas <= 0:
+        return None
+    return (pred - meas) / meas
+
+
+def _pick_job(summaries: List[dict], notes: List[str]) -> List[dict]:
+    jobs = {s.get("job") for s in summaries}
+    if len(jobs) <= 1:
+        return summaries
+    latest = max(summaries, key=lambda s: s.get("started") or 0).get("job")
+    notes.append(f"the run dir holds ranks of {len(jobs)} jobs; reporting the latest ({latest})")
+    return [s for s in summaries if s.get("job") == latest]
+
+
+def _iterations(run_dir: str, ranks: List[dict], notes: List[str]) -> Dict[str, Any]:
+    per_rank, series = [], {}
+    for s in ranks:
+        its = read_iterations(summary.iterations_file(run_dir, s["rank"]))
+        plain = [sec for i, sec, prof in its if not prof and i > 0] or \
+                [sec for i, sec, prof in its if not prof]
+        per_rank.append({"rank": s["rank"], "stage": (s.get("facts") or {}).get("stage"),
+                         "iterations": len(its), "profiled": sum(1 for _, _, p in its if p),
+                         "min": min(plain) if plain else None,
+                         "median": statistics.median(plain) if plain else None})
+        for i, sec, prof in its:
+            series.setdefault(i, []).append((sec, prof))
+    world = max(((s.get("facts") or {}).get("world_size") or 1) for s in ranks)
+    complete = {i: v for i, v in series.items() if len(v) == len(ranks)}
+    job = [max(sec for sec, _ in v) for i, v in sorted(complete.items())
+           if i > 0 and not any(p for _, p in v)]
+    if not job:
+        job = [max(sec for sec, _ in v) for i, v in sorted(complete.items()) if not any(p for _, p in v)]
+    if len(ranks) < world:
+        notes.append(f"{len(ranks)} of {world} ranks wrote a summary here (on a multi-node job "
+                     f"the run dir must be on a shared file system to see them all)")
+    return {"count": len(series), "used": len(job), "min": min(job) if job else None,
+            "median": statistics.median(job) if job else None, "per_rank": per_rank,
+            "excluded": "the first iteration (warm-up) and iterations inside profiling windows"}
+
+
+def _per_iter(s: dict, phase: str) -> Optional[float]:
+    n = s.get("window_iterations") or 0
+    p = (s.get("phases") or {}).get(phase)
+    if not n or not p:
+        return None
+    return p["seconds"] / n
+
+
+def _op_phase(s: dict, op: str, phases) -> Optional[float]:
+    n = s.get("window_iterations") or 0
+    if not n:
+        return None
+    return sum(r["seconds"] for r in s.get("op_phases") or []
+               if r["op"] == op and r["phase"] in phases) / n
+
+
+def _by_stage(ranks: List[dict]) -> Dict[int, List[dict]]:
+    out: Dict[int, List[dict]] = {}
+    for s in ranks:
+        if s.get("window_iterations"):
+            out.setdefault(int((s.get("facts") or {}).get("stage") or 0), []).append(s)
+    return out
+
+
+def _max(values) -> Optional[float]:
+    values = [v for v in values if v is not None]
+    return max(values) if values else None
+
+
+def _components(ranks: List[dict], pred: Dict[str, Any], m: int) -> List[dict]:
+    stages = _by_stage(ranks)
+    pstages = pred.get("stages") or []
+    bd = pred.get("breakdown") or {}
+    rows: List[dict] = []
+
+    def row(name, p, meas, note=""):
+        rows.append({"name": name, "predicted": p, "measured": meas, "error": _err(p, meas),
+                     "note": note})
+
+    fwd, bwd = {}, {}
+    for st, members in sorted(stages.items()):
+        fwd[st] = _max(_per_iter(s, "forward") for s in members)
+        bwd[st] = _max(_per_iter(s, "backward") for s in members)
+        fwd[st] = fwd[st] / m if fwd[st] is not None else None
+        bwd[st] = bwd[st] / m if bwd[st] is not None else None
+        ps = pstages[st] if st < len(pstages) else {}
+        row(f"stage {st} forward (per micro-batch)", ps.get("forward"), fwd[st])
+        row(f"stage {st} backward (per micro-batch)", ps.get("backward"), bwd[st],
+            "includes the gradient all-reduce" if not members[0]["facts"].get("pipeline") else "")
+    row("stage_forward_max", bd.get("stage_forward_max"), _max(fwd.values()))
+    row("stage_backward_max", bd.get("stage_backward_max"), _max(bwd.values()))
+    row("encoder_forward", bd.get("encoder_forward"), None, "not measured: no per-layer timing")
+    row("encoder_backward", bd.get("encoder_backward"), None, "not measured: no per-layer timing")
+    allr = [s for v in stages.values() for s in v]
+    opt = _max(_per_iter(s, "optimizer_step") or _per_iter(s, "step") for s in allr)
+    row("optimizer", bd.get("optimizer"), opt, "whole optimizer step (unscale, clip, update)")
+    row("dp_allreduce", bd.get("dp_allreduce"), _max(_per_iter(s, "reduce_grads") for s in allr))
+    row("dp_allgather", bd.get("dp_allgather"),
+        _max(_op_phase(s, "allgather", ("optimizer_step", "step")) for s in allr))
+    row("mp_allreduce", bd.get("mp_allreduce"),
+        _max(_op_phase(s, "allreduce", ("forward", "backward")) for s in allr))
+    row("tied_allreduce", bd.get("tied_allreduce"),
+        _max(_per_iter(s, "reduce_tied_grads") for s in allr))
+    sends = _max(((_per_iter(s, "send_activations") or 0) + (_per_iter(s, "send_grads") or 0))
+                 if s["facts"].get("pipeline") and (s["facts"].get("stages") or 1) > 1 else None
+                 for s in allr)
+    row("pp_p2p", bd.get("pp_p2p"), sends, "sends incl. waiting for the receiver")
+    idle = []
+    for s in allr:
+        it = _per_iter(s, "iteration")
+        if it is None or not s["facts"].get("pipeline"):
+            continue
+        busy = sum(_per_iter(s, p) or 0 for p in (
+            "forward", "backward", "optimizer_step", "reduce_grads", "reduce_tied_grads",
+            "send_activations", "send_grads", "load_micro_batch"))
+        idle.append(max(it - busy, 0.0))
+    row("bubble", bd.get("bubble"), _max(idle),
+        "measured: iteration minus the stage's own work (waits in recv, bubbles)")
+    return rows
+
+
+def _operators(ranks: List[dict], profile, top: int) -> List[dict]:
+    rows = []
+    seen_stage = set()
+    for s in ranks:
+        f = s.get("facts") or {}
+        stage = f.get("stage") or 0
+        n = s.get("window_iterations") or 0
+        if stage in seen_stage or not n:
+            continue
+        seen_stage.add(stage)
+        for o in s.get("ops") or []:
+            meas = o.get("median")
+            pred, why = (prediction.predict_call(profile, o["op"], o["phase"], o["features"], o["dtype"])
+                         if profile is not None else (None, ""))
+            per_iter = o["calls"] / n
+            rows.append({"stage": stage, "op": o["op"], "phase": o["phase"],
+                         "features": o["features"], "dtype": o["dtype"],
+                         "calls_per_iteration": per_iter, "measured": meas, "predicted": pred,
+                         "error": _err(pred, meas), "why": why,
+                         "impact_seconds": (pred - meas) * per_iter if pred is not None and meas else None,
+                         "measured_per_iteration": o["seconds"] / n})
+    if any(r["impact_seconds"] is not None for r in rows):
+        rows.sort(key=lambda r: -abs(r["impact_seconds"] or 0.0))
+    else:
+        rows.sort(key=lambda r: -r["measured_per_iteration"])
+    return rows[:top] if top else rows
+
+
+def _unmapped(ranks: List[dict], top: int) -> List[dict]:
+    merged: Dict[str, dict] = {}
+    total = 0.0
+    for s in ranks:
+        n = s.get("window_iterations") or 1
+        for u in s.get("unmapped") or []:
+            m = merged.setdefault(u["name"], {"name": u["name"], "calls_per_iteration": 0.0,
+                                              "seconds_per_iteration": 0.0, "reason": u["reason"],
+                                              "example": u.get("example")})
+            m["calls_per_iteration"] += u["calls"] / n / len(ranks)
+            m["seconds_per_iteration"] += u["seconds"] / n / len(ranks)
+            total += u["seconds"] / n / len(ranks)
+    rows = sorted(merged.values(), key=lambda r: -r["seconds_per_iteration"])
+    return rows[:top]
+
+
+def _coverage(ranks: List[dict]) -> List[dict]:
+    out = []
+    for s in ranks:
+        n = s.get("window_iterations") or 0
+        if not n:
+            continue
+        # A plain engine reduces gradients inside backward; a pipeline in its own instruction.
+        phases = ("forward", "backward") + (("reduce_grads",) if s["facts"].get("pipeline") else ())
+        phase = sum(_per_iter(s, p) or 0 for p in phases)
+        mapped = sum(r["seconds"] for r in s.get("op_phases") or []
+                     if r["phase"] in ("forward", "backward", "reduce_grads")) / n
+        out.append({"rank": s["rank"], "stage": s["facts"].get("stage"),
+                    "forward_backward_seconds": phase, "mapped_seconds": mapped,
+                    "fraction": mapped / phase if phase else None})
+    return out
+
+
+def _samples(run_dir: str) -> Dict[str, Any]:
+    files = summary.store_files(run_dir)
+    out: Dict[str, Any] = {"stores": files, "count": 0, "ranks": [], "stages": []}
+    ranks, stages = set(), set()
+    for path in files:
+        try:
+            from neox_perf.calibration.store import SampleStore
+            with SampleStore(path) as store:
+                rows = store.samples(source="run")
+        except Exception as exc:
+            out.setdefault("errors", []).append(f"{path}: {exc.__class__.__name__}: {exc}")
+            continue
+        out["count"] += len(rows)
+        ranks |= {r.rank for r in rows}
+        stages |= {r.stage for r in rows if r.stage}
+    out["ranks"], out["stages"] = sorted(ranks), sorted(stages)
+    return out
+
+
+def _launch_record(run_dir: str) -> Dict[str, Any]:
+    import json
+    try:
+        with open(os.path.join(run_dir, summary.RUN_FILE), encoding="utf-8") as fh:
+            data = json.load(fh)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}  # launched with the environment switch, not `neox-perf run`
+
+
+def build(run_dir: str, cluster: Optional[str] = None, profile=None, top: int = 10) -> Dict[str, Any]:
+    run_dir = os.path.abspath(run_dir)
+    if not os.path.isdir(run_dir):
+        raise ReportError(f"{run_dir}: no such run dir")
+    notes: List[str] = []
+    summaries = summary.read_rank_summaries(run_dir)
+    if not summaries:
+        raise ReportError(f"{run_dir}: no rank summaries: the hook never attached to a DeepSpeed "
+                          f"engine (did the command call deepspeed.initialize? see errors.log)")
+    ranks = _pick_job(summaries, notes)
+    ref = ranks[0]
+    facts = ref.get("facts") or {}
+    if profile is None:
+        profile, why = prediction.load(cluster or ref.get("cluster") or os.environ.get("NEOX_PERF_CLUSTER"))
+        if profile is None:
+            notes.append(why)
+    pred = prediction.predict(ref.get("config") or {}, facts, profile) if profile is not None \
+        else {"iteration_seconds": None, "notes": []}
+    if profile is not None and pred.get("iteration_seconds") is None and not (ref.get("config") or {}).get("values"):
+        pred["notes"].append("no NeoX config, so no iteration prediction: "
+                             + str((ref.get("config") or {}).get("why")))
+    iters = _iterations(run_dir, ranks, notes)
+    m = int(facts.get("micro_batches") or facts.get("gradient_accumulation_steps") or 1)
+    p_it = pred.get("iteration_seconds")
+    for s in ranks:
+        if s.get("disabled"):
+            notes.append(f"rank {s['rank']}: hook disabled ({s['disabled']})")
+        if not s.get("finished"):
+            notes.append(f"rank {s['rank']}: no final summary (still running, or killed)")
+    for n in ref.get("notes") or []:
+        notes.append(n)
+    if facts.get("missing"):
+        notes.append("could not read from the engine: " + ", ".join(facts["missing"]))
+    if profile is not None and facts.get("device_type") == "cpu":
+        notes.append(f"this run ran on CPU; profile {profile.name} models "
+                     f"{profile.facts.gpu_name}: expect large errors")
+    launched = _launch_record(run_dir)
+    return {
+        "run_dir": run_dir, "job": ref.get("job"),
+        # not "command"/"exit_code": the JSON envelope's own keys
+        "launch_command": launched.get("command") or ref.get("argv"),
+        "launch_exit_code": launched.get("exit_code"),
+        "ranks": [s["rank"] for s in ranks],
+        "layout": {k: facts.get(k) for k in ("engine", "world_size", "stages", "dp", "mp",
+                                             "micro_batches", "micro_batch_size", "dtype",
+                                             "device_type", "zero_stage", "parts")},
+        "config": {k: (ref.get("config") or {}).get(k) for k in ("source", "files", "why")},
+        "cluster": getattr(profile, "name", None),
+        "iteration": {"measured": iters, "predicted": p_it, "error_min": _err(p_it, iters["min"]),
+                      "error_median": _err(p_it, iters["median"])},
+        "components": _components(ranks, pred, m),
+        "operators": _operators(ranks, profile, top),
+        "unmapped": _unmapped(ranks, top),
+        "coverage": _coverage(ranks),
+        "windows": {"setting": ref.get("windows_setting"),
+                    "iterations_profiled": {s["rank"]: s.get("window_iterations") for s in ranks}},
+        "prediction": {k: pred.get(k) for k in ("profile", "breakdown", "extrapolated", "critical_stage")},
+        "samples": _samples(run_dir),
+        "notes": list(dict.fromkeys(notes + (pred.get("notes") or []))),
+    }

@@ -1,0 +1,312 @@
+"""One rank's hook: attached to the first DeepSpeed engine, detached on the first error.
+
+The engine wrappers (engine_patch) call `begin_iteration`, `end_iteration`, `enter` and
+`leave`; each of these catches everything it raises, reports it once and turns the
+session off (`live` False, wrappers removed), so training carries on as if never hooked.
+Exceptions raised by training itself pass through the wrappers untouched.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+from . import failures, summary
+from .sample_writer import InjectedFailure, SampleWriter
+from .settings import Settings
+from .trace_map import Dims, Groups, MapContext, WindowResult, infer_dims, map_events
+
+SUMMARY_EVERY_S = 30.0
+EXIT_WAIT_S = 10.0  # rank 0 waits this long at exit for the other ranks' final summaries
+UNMAPPED_KEPT = 40
+
+
+class Session:
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.live = False
+        self.engine = None
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.facts: Dict[str, Any] = {}
+        self.config: Dict[str, Any] = {}
+        self.ctx = MapContext()
+        self.clock = None
+        self.windowed = None
+        self.writer: Optional[SampleWriter] = None
+        self.total = WindowResult()
+        self.window_meta: List[dict] = []
+        self.prediction: Optional[dict] = None
+        self.notes: List[str] = []
+        self.error: Optional[str] = None
+        self.started = time.time()
+        self._iter_rf = None
+        self._after_window = False
+        self._last_summary = 0.0
+        self._finished = False
+
+    # ---- attaching -------------------------------------------------------------------
+    def attach(self, engine, init_args: tuple, init_kwargs: dict) -> None:
+        from . import engine_facts, engine_patch, neox_args
+        from .timing import IterationClock
+        if self.engine is not None:
+            self.note("a second deepspeed.initialize was not hooked (only the first engine is)")
+            return
+        self.engine = engine
+        if self.settings.inject == "initialize":
+            raise InjectedFailure("injected failure while attaching (PYTHON_NEOX_PERF_INJECT)")
+        f = self.facts = engine_facts.facts(engine)
+        self.rank = int(f["rank"])
+        os.makedirs(self.settings.run_dir, exist_ok=True)
+        args = init_kwargs.get("args", init_args[0] if init_args else None)
+        self.config = neox_args.discover(args, self.settings)
+        dims = self._dims()
+        self.ctx = MapContext(
+            dims=dims, groups=Groups(dp=f.get("dp") or 1, mp=f.get("mp") or 1,
+                                     stages=f.get("stages") or 1, stage=f.get("stage") or 0,
+                                     local_world=f.get("local_world_size")),
+            device=f["device_type"], dtype=f["dtype"], optimizer_params=f.get("optimizer_params"))
+        sync = None
+        if f["device_type"] == "cuda":
+            import torch
+            sync = torch.cuda.synchronize
+        self.clock = IterationClock(summary.iterations_file(self.settings.run_dir, self.rank), sync)
+        self.writer = SampleWriter(self.settings.run_dir, f, self.settings.job, self.settings.inject)
+        if self.settings.windows.enabled:
+            from .profiling import Windowed
+            self.windowed = Windowed(self.settings.windows, f["device_type"], self._window)
+            self.windowed.notes = self.notes  # one list: the summary sees the profiler's notes
+        if self.rank == 0:
+            self._predict_at_start()
+        engine_patch.wrap_engine(engine, self)
+        self.live = True
+        atexit.register(self.finish)
+        self.write_summary()
+
+    def _dims(self) -> Dims:
+        if not self.config.get("values"):
+            return Dims()
+        from . import prediction
+        try:
+            cfg, derived, notes = prediction.rebuild(self.config, self.facts)
+        except Exception as exc:
+            self.note(f"config could not be rebuilt ({exc.__class__.__name__}: {exc}); "
+                      f"operator widths are inferred from the trace")
+            return Dims()
+        for n in notes:
+            self.note(n)
+        return prediction.dims(cfg, derived) if cfg is not None else Dims()
+
+    def _predict_at_start(self) -> None:
+        from . import prediction
+        profile, why = prediction.load(self.settings.cluster)
+        if profile is None:
+            self.prediction = {"iteration_seconds": None, "notes": [why]}
+            _say(why)
+            return
+        self.prediction = prediction.predict(self.config, self.facts, profile)
+        seconds = self.prediction.get("iteration_seconds")
+        if seconds is None:
+            _say("no iteration prediction: " + "; ".join(self.prediction["notes"][:2]))
+        else:
+            _say(f"predicted iteration time {seconds:.4g} s on {profile.name} "
+                 f"(config: {self.config.get('source')})")
+
+    def note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+
+    # ---- called by the wrappers (never raise) --------------------------------------------
+    def guard(self, where: str, fn, *args):
+        try:
+            return fn(*args)
+        except Exception as exc:
+            self.fail(where, exc)
+            return None
+
+    def begin_iteration(self) -> None:
+        def go():
+            self.clock.start()
+            if self.windowed is not None and self.windowed.active:
+                from torch.autograd.profiler import record_function
+                self._iter_rf = record_function("neox_perf::iteration")
+                self._iter_rf.__enter__()
+        self.guard("starting an iteration", go)
+
+    def end_iteration(self, ok: bool = True) -> None:
+        def go():
+            if self._iter_rf is not None:
+                rf, self._iter_rf = self._iter_rf, None
+                rf.__exit__(None, None, None)
+            if not ok:
+                self.clock.abandon()
+                return
+            # The iteration after a window waits for every rank to map its events: perturbed too.
+            profiled = (self.windowed is not None and self.windowed.active) or self._after_window
+            self._after_window = False
+            self.clock.stop(profiled)
+            if self.settings.inject == "iteration" and self.clock.count == 3:
+                raise InjectedFailure("injected failure after iteration 3 (PYTHON_NEOX_PERF_INJECT)")
+            if self.windowed is not None:
+                self.windowed.iteration_done()
+            if time.monotonic() - self._last_summary > SUMMARY_EVERY_S:
+                self.write_summary()
+        self.guard("ending an iteration", go)
+
+    @property
+    def in_iteration(self) -> bool:
+        return self.clock is not None and self.clock.running
+
+    def enter(self, phase: str):
+        if self.windowed is None or not self.windowed.active:
+            return None
+
+        def go():
+            from torch.autograd.profiler import record_function
+            rf = record_function("neox_perf::" + phase)
+            rf.__enter__()
+            return rf
+        return self.guard(f"entering {phase}", go)
+
+    def leave(self, rf) -> None:
+        if rf is not None:
+            self.guard("leaving a phase", rf.__exit__, None, None, None)
+
+    # ---- profiling windows -------------------------------------------------------------
+    def _window(self, events, iterations) -> None:
+        self._after_window = True
+        if self.ctx.dims.source == "none":
+            guessed = infer_dims(events, self.ctx.groups.mp)
+            if guessed.hidden is not None:
+                self.note(f"no model config: GEMMs named from widths inferred from the trace "
+                          f"(hidden {guessed.hidden}, NeoX's 3h/4h rules)")
+                from dataclasses import replace
+                self.ctx = replace(self.ctx, dims=guessed)
+        result = map_events(events, self.ctx)
+        if iterations:
+            result.iterations = len(iterations)
+        index = len(self.window_meta)
+        self.total.merge(result)
+        self.window_meta.append({
+            "index": index, "iterations": list(iterations), "events": result.events,
+            "phases": {k: v.seconds / max(result.iterations, 1) for k, v in result.phases.items()}})
+        self.writer.write(result.ops, index)
+        self.write_summary()
+
+    # ---- artefacts ------------------------------------------------------------------------
+    def write_summary(self, finished: bool = False) -> None:
+        if self.settings.inject == "summary":
+            raise InjectedFailure("injected failure in the summary writer (PYTHON_NEOX_PERF_INJECT)")
+        self._last_summary = time.monotonic()
+        summary.write_json_atomic(summary.rank_file(self.settings.run_dir, self.rank),
+                                  self.summary(finished))
+
+    def summary(self, finished: bool) -> Dict[str, Any]:
+        t = self.total
+        config = {k: self.config.get(k)
+                  for k in ("source", "files", "vocab", "vocab_padded", "why", "values")}
+        unmapped = sorted(t.unmapped.items(), key=lambda kv: -kv[1]["seconds"])
+        return {
+            "schema": summary.SCHEMA, "rank": self.rank, "job": self.settings.job,
+            "run_dir": self.settings.run_dir, "pid": os.getpid(), "argv": sys.argv[:20],
+            "started": self.started, "updated": time.time(), "finished": finished,
+            "disabled": self.error, "cluster": self.settings.cluster,
+            "windows_setting": self.settings.windows.text(),
+            "facts": self.facts, "config": config, "dims": self.ctx.dims.__dict__,
+            "iterations": self.clock.stats() if self.clock else None,
+            "windows": self.window_meta, "window_iterations": t.iterations,
+            "phases": {k: {"calls": v.calls, "seconds": v.seconds} for k, v in t.phases.items()},
+            "ops": [{"op": op, "phase": ph, "features": dict(feats), "dtype": dt,
+                     "calls": a.calls, "seconds": a.seconds, "min": a.min, "median": a.median(),
+                     "q1": a.quartiles()[0], "q3": a.quartiles()[1]}
+                    for (op, ph, feats, dt), a in sorted(t.ops.items())],
+            "op_phases": [{"op": op, "phase": ph, "seconds": s}
+                          for (op, ph), s in sorted(t.op_phases.items())],
+            "unmapped": [dict(name=k, **v) for k, v in unmapped[:UNMAPPED_KEPT]],
+            "unmapped_more": max(len(unmapped) - UNMAPPED_KEPT, 0),
+            "samples_written": self.writer.count if self.writer else 0,
+            "prediction": self.prediction,
+            "notes": list(dict.fromkeys(self.notes + t.notes)),
+        }
+
+    # ---- stepping aside, finishing ---------------------------------------------------------
+    def fail(self, where: str, exc: BaseException) -> None:
+        self.live = False
+        self.error = f"{where}: {exc.__class__.__name__}: {exc}"
+        failures.report_failure(where, exc, self.settings.run_dir)
+        try:
+            from . import engine_patch
+            if self.engine is not None:
+                engine_patch.unwrap_engine(self.engine)
+        except Exception:
+            pass
+        self._close_profiler()
+        try:
+            if self.clock is not None:
+                self.clock.abandon()
+            self.write_summary()
+        except Exception:
+            pass
+
+    def _close_profiler(self) -> None:
+        w, self.windowed = self.windowed, None
+        if self._iter_rf is not None:
+            try:
+                self._iter_rf.__exit__(None, None, None)
+            except Exception:
+                pass
+            self._iter_rf = None
+        if w is not None:
+            try:
+                w.close()
+            except Exception:
+                pass
+
+    def finish(self) -> None:
+        if self._finished or self.engine is None:
+            return
+        self._finished = True
+        self._close_profiler()
+        try:
+            self.write_summary(finished=True)
+        except Exception as exc:
+            if self.live:
+                failures.report_failure("writing the final summary", exc, self.settings.run_dir)
+        for closer in (lambda: self.writer and self.writer.close(),
+                       lambda: self.clock and self.clock.close()):
+            try:
+                closer()
+            except Exception:
+                pass
+        if self.rank == 0 and self.settings.report_at_exit and self.error is None:
+            self._print_report()
+
+    def _print_report(self) -> None:
+        try:
+            _wait_for_ranks(self.settings.run_dir, int(self.facts.get("world_size") or 1))
+            from neox_perf.commands.report import report_result
+            from neox_perf.render import report_text
+            result = report_result(self.settings.run_dir, cluster=self.settings.cluster)
+            from rich.console import Console
+            report_text.render(result, Console(file=sys.stderr, highlight=False))
+        except Exception as exc:
+            _say(f"report not printed ({exc.__class__.__name__}: {exc}); "
+                 f"run `neox-perf report {self.settings.run_dir}`")
+
+
+def _say(line: str) -> None:
+    try:
+        sys.stderr.write(f"neox-perf: {line}\n")
+        sys.stderr.flush()
+    except Exception:
+        pass
+
+
+def _wait_for_ranks(run_dir: str, world: int) -> None:
+    deadline = time.monotonic() + EXIT_WAIT_S
+    while time.monotonic() < deadline:
+        done = [s for s in summary.read_rank_summaries(run_dir) if s.get("finished")]
+        if len(done) >= world:
+            return
+        time.sleep(0.2)
