@@ -114,9 +114,17 @@ def test_operator_samples_of_both_stages_are_in_the_store(hooked):
     assert all(s.seconds > 0 and s.repeats == 8 for s in linear1)  # 2 layers x 2 mb x 2 iters
 
 
+# The report's JSON contract: renaming or removing one of these bumps the schema version.
+REPORT_KEYS = {"schema", "neox_perf_version", "command", "exit_code", "run_dir", "launch_command",
+               "launch_exit_code", "layout", "config", "cluster", "iteration", "components",
+               "operators", "unmapped", "prediction", "samples", "notes"}
+
+
 def test_report_predicted_vs_measured(hooked):
     r = hooked["report"]
     assert r["schema"] == "neox-perf/report/v1" and r["exit_code"] == 0
+    assert REPORT_KEYS <= set(r)
+    assert {"measured", "predicted", "error_min", "error_median"} <= set(r["iteration"])
     assert r["layout"]["engine"] == "PipelineEngine" and r["layout"]["stages"] == 2
     m = r["iteration"]["measured"]
     assert m["count"] == ITERS and m["used"] == 3  # 1, 2 and 11
