@@ -53,6 +53,9 @@ def main():
         losses.append(float(loss))
     if rank == 0:
         print("LOSSES " + json.dumps(losses), flush=True)
+    # Without an orderly teardown gloo's threads can abort the process at interpreter exit.
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
