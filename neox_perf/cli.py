@@ -62,6 +62,39 @@ def build_parser() -> argparse.ArgumentParser:
                        help="fail (exit 3) when the predicted iteration is slower than this")
     check.add_argument("--json", action="store_true", help="print one versioned JSON envelope")
 
+    calibrate = sub.add_parser("calibrate", help="measure this machine and write a cluster profile, "
+                                                 "or correct one from a hooked run (--from-run)")
+    calibrate.add_argument("--cluster", required=True,
+                           help="name of the profile to write (later: check --cluster NAME)")
+    plan = calibrate.add_mutually_exclusive_group()
+    plan.add_argument("--quick", action="store_true",
+                      help="the bundled quick plan (minutes on a laptop or CI)")
+    plan.add_argument("--plan", help="a sampling plan YAML (default: the bundled full plan)")
+    plan.add_argument("--from-run", metavar="RUN_DIR",
+                      help="refit the profile from a `neox-perf run` directory's samples")
+    calibrate.add_argument("--store", help="SQLite sample store (default: "
+                                           "$NEOX_PERF_HOME/stores/NAME.sqlite); resumed when present")
+    calibrate.add_argument("--out", help="profile directory to write (default: "
+                                         "$NEOX_PERF_HOME/profiles/NAME)")
+    calibrate.add_argument("--nproc", type=_positive_int,
+                           help="processes for the collectives (default: the GPUs here, else 2)")
+    calibrate.add_argument("--no-engine", dest="engine", action="store_false",
+                           help="skip the DeepSpeed engine step (framework terms)")
+    calibrate.add_argument("--json", action="store_true", help="print one versioned JSON envelope")
+
+    validate = sub.add_parser("validate", help="run the reference workload for a config and compare "
+                                               "predicted with measured iteration time")
+    validate.add_argument("configs", nargs="+", metavar="CONFIG",
+                          help="NeoX YAML files, merged in order into one config")
+    validate.add_argument("--gpus", type=_positive_int, required=True,
+                          help="processes to launch (CPU: one single-threaded process per GPU)")
+    validate.add_argument("--cluster", required=True, help="the profile to predict with")
+    validate.add_argument("--iters", type=_positive_int, default=10,
+                          help="measured iterations after 2 warm-up ones (default 10)")
+    validate.add_argument("--vocab-size", type=_positive_int,
+                          help="raw tokenizer vocabulary, when the tokenizer file is not readable here")
+    validate.add_argument("--json", action="store_true", help="print one versioned JSON envelope")
+
     clusters = sub.add_parser("clusters", help="list the cluster profiles and their provenance")
     clusters.add_argument("--json", action="store_true", help="print one versioned JSON envelope")
 
@@ -89,6 +122,17 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.command == "check":
             from .commands.check import run_check
             result = run_check(args)
+        elif args.command == "calibrate" and args.from_run:
+            from .commands.from_run import run_from_run
+            result = run_from_run(args)
+        elif args.command in ("calibrate", "validate"):
+            from .render.progress import bars, wanted
+            if args.command == "calibrate":
+                from .commands.calibrate import run_calibrate as run_command
+            else:
+                from .commands.validate import run_validate as run_command
+            with bars(wanted(want_json)) as progress:
+                result = run_command(args, progress=progress)
         elif args.command == "clusters":
             from .commands.clusters import run_clusters
             result = run_clusters(args)

@@ -2,10 +2,15 @@
 
 Every operator call is predicted once per distinct shape (all transformer layers share one),
 so a 96-layer model costs no more to predict than a 2-layer one.
+
+A profile made by `neox-perf calibrate` may also carry "engine" terms: what a step costs on
+that machine beyond its operators, measured by running the reference model under DeepSpeed
+at calibration shapes (predictors/local.fit_engine). They are applied when the run computes
+in the precision they were measured in; bundled profiles have none.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Tuple
 
 from .operators import CommCall, Decomposition, OpCall, StageWork
@@ -33,6 +38,7 @@ class StageTimes:
     tied_allreduce: float
     optimizer: float
     param_allgather: float
+    engine: float = 0.0  # seconds per iteration the engine terms add here (TP all-reduces aside)
 
 
 @dataclass(frozen=True)
@@ -47,8 +53,9 @@ class IterationEstimate:
 
 
 class _Cache:
-    def __init__(self, profile):
+    def __init__(self, profile, engine: Optional["EngineTerms"] = None):
         self.profile = profile
+        self.engine = engine
         self.memo: Dict[tuple, float] = {}
         self.flags: Dict[str, str] = {}
 
@@ -60,6 +67,10 @@ class _Cache:
                 self._note(f"{call.op} {call.phase}", pred)
                 self.memo[key] = float(pred.seconds)
             return self.memo[key]
+        if self.engine is not None and call.purpose == "mp_allreduce":
+            measured = self.engine.tp_allreduce(call)
+            if measured is not None:
+                return measured
         key = ("comm", call.kind, call.elements, call.nodes, call.gpus_per_node)
         if key not in self.memo:
             pred = self.profile.predict_collective(call.kind, call.elements, call.nodes,
@@ -80,23 +91,99 @@ class _Cache:
                    if isinstance(c, CommCall) and c.purpose == purpose)
 
 
-def _stage_times(work: StageWork, cache: _Cache) -> StageTimes:
+class EngineTerms:
+    """A profile's measured engine terms, for one decomposition (None when not applicable)."""
+
+    def __init__(self, terms: dict, micro_batches: int, zero_stage: int):
+        self.t = terms
+        self.m = micro_batches
+        self.deepspeed_path = zero_stage == 0  # measured on DeepSpeed's non-ZeRO optimizer path
+
+    @classmethod
+    def of(cls, profile, decomp: Decomposition) -> Optional["EngineTerms"]:
+        terms = (getattr(profile, "manifest", None) or {}).get("engine")
+        if not terms or terms.get("precision") != decomp.precision:
+            return None
+        return cls(terms, decomp.micro_batches, decomp.zero_stage)
+
+    def _residual(self, name: str, x: float) -> float:
+        term = self.t.get(name)
+        return term["seconds"] + term["per_unit"] * x if term else 0.0
+
+    def layer(self, phase: str, operators: float) -> float:
+        """Seconds one layer adds to its operators' `operators` seconds in this phase."""
+        return self._residual(f"layer_{phase}", operators)
+
+    def other(self, phase: str, operators: float, logits: float) -> float:
+        """What the embedding, head and loss add (charged to the stage with the logits)."""
+        if logits <= 0:
+            return 0.0
+        return max(self._residual(f"other_{phase}", logits), -operators)
+
+    def _linear(self, name: str, params: float, tensors: float) -> Optional[float]:
+        c = (self.t.get(name) or {}).get("coef")
+        if c is None:
+            return None
+        return c.get("t0", 0.0) + c.get("per_tensor", 0.0) * tensors + c.get("per_param", 0.0) * params
+
+    def optimizer(self, params: float, tensors: float) -> Optional[float]:
+        return self._linear("optimizer_step", params, tensors) if self.deepspeed_path else None
+
+    def grad_flatten(self, params: float) -> float:
+        return (self._linear("grad_flatten", params, 0) or 0.0) if self.deepspeed_path else 0.0
+
+    def tp_allreduce(self, call: CommCall) -> Optional[float]:
+        """A tensor-parallel all-reduce as training sees it, when measured for this group."""
+        c = (self.t.get("tp_allreduce") or {})
+        if not c or call.nodes != 1 or call.gpus_per_node != c.get("processes"):
+            return None
+        return c["coef"]["t0"] + c["coef"]["per_element"] * call.elements
+
+    def accumulate(self, params: float, tensors: float) -> float:
+        """Per micro-batch on average: every micro-batch after the first adds its gradients."""
+        per = self._linear("grad_accumulate", params, tensors) or 0.0
+        return per * (self.m - 1) / self.m
+
+
+def _ops(calls, cache: _Cache) -> float:
+    return sum(cache.time(c) * c.count for c in calls if isinstance(c, OpCall))
+
+
+def _stage_times(work: StageWork, cache: _Cache, engine: Optional[EngineTerms] = None) -> StageTimes:
     lf = cache.total(work.layer_forward)
     lb = cache.total(work.layer_backward)
     n = work.transformer_layers
+    extra_f = extra_b = 0.0
+    optimizer = cache.time(work.optimizer)
+    grad_sync = cache.total(work.grad_sync)
+    if engine is not None:
+        lf += engine.layer("forward", _ops(work.layer_forward, cache))
+        lb += engine.layer("backward", _ops(work.layer_backward, cache))
+        extra_f = engine.other("forward", _ops(work.forward, cache), work.logits_elements)
+        extra_b = (engine.other("backward", _ops(work.backward, cache), work.logits_elements)
+                   + engine.accumulate(work.params_per_rank, work.param_tensors))
+        step = engine.optimizer(work.params_per_rank, work.param_tensors)
+        optimizer = optimizer if step is None else step
+        grad_sync += engine.grad_flatten(work.params_per_rank)
     recompute = work.recompute_layers * lf
-    fwd = n * lf + cache.total(work.forward)
-    bwd = n * lb + recompute + cache.total(work.backward)
+    fwd = n * lf + cache.total(work.forward) + extra_f
+    bwd = n * lb + recompute + cache.total(work.backward) + extra_b
     mp = (n * (cache.comm(work.layer_forward, "mp_allreduce") + cache.comm(work.layer_backward, "mp_allreduce"))
           + work.recompute_layers * cache.comm(work.layer_forward, "mp_allreduce")
           + cache.comm(work.forward, "mp_allreduce") + cache.comm(work.backward, "mp_allreduce"))
-    return StageTimes(
+    times = StageTimes(
         index=work.index, layer_forward=lf, layer_backward=lb, forward=fwd, backward=bwd,
         recompute=recompute, mp_allreduce=mp,
         send_activation=cache.time(work.send_activation) if work.send_activation else 0.0,
         send_gradient=cache.time(work.send_gradient) if work.send_gradient else 0.0,
-        grad_allreduce=cache.total(work.grad_sync), tied_allreduce=cache.total(work.tied_sync),
-        optimizer=cache.time(work.optimizer), param_allgather=cache.total(work.param_allgather))
+        grad_allreduce=grad_sync, tied_allreduce=cache.total(work.tied_sync),
+        optimizer=optimizer, param_allgather=cache.total(work.param_allgather))
+    if engine is None:
+        return times
+    plain = _stage_times(work, cache, None)
+    added = (engine.m * (fwd + bwd - plain.forward - plain.backward)
+             + optimizer - plain.optimizer + grad_sync - plain.grad_allreduce)
+    return replace(times, engine=added)
 
 
 def _operator_seconds(work: StageWork, cache: _Cache, micro_batches: int) -> Dict[str, float]:
@@ -124,8 +211,9 @@ def _operator_seconds(work: StageWork, cache: _Cache, micro_batches: int) -> Dic
 
 def estimate(decomp: Decomposition, profile) -> IterationEstimate:
     from .timeline import eq7_seconds
-    cache = _Cache(profile)
-    times = [_stage_times(w, cache) for w in decomp.stages]
+    engine = EngineTerms.of(profile, decomp)
+    cache = _Cache(profile, engine)
+    times = [_stage_times(w, cache, engine) for w in decomp.stages]
     costs = [StageCost(forward=t.forward, backward=t.backward, send_activation=t.send_activation,
                        send_gradient=t.send_gradient, grad_allreduce=t.grad_allreduce,
                        tied_allreduce=t.tied_allreduce, optimizer=t.optimizer,
@@ -150,6 +238,7 @@ def estimate(decomp: Decomposition, profile) -> IterationEstimate:
         "mp_allreduce": times[crit].mp_allreduce * m,
         "pp_p2p": c.get("pp_p2p_seconds", 0.0),
         "tied_allreduce": max(t.tied_allreduce for t in times),
+        "engine": max(t.engine for t in times),
     }
     return IterationEstimate(
         iteration_seconds=tl.iteration_seconds, timeline=tl, stages=tuple(times),

@@ -80,6 +80,12 @@ class StageWork:
     tied_sync: Tuple[CommCall, ...]
     optimizer: OpCall
     param_allgather: Tuple[CommCall, ...]
+    # Sizes the profile's engine terms scale with (see estimate.EngineTerms): elements of one
+    # layer's activations on this rank, of the logits (head stage), and parameter tensors.
+    activation_elements: float = 0.0
+    logits_elements: float = 0.0
+    param_tensors: int = 0
+    params_per_rank: int = 0
 
 
 @dataclass(frozen=True)
@@ -88,6 +94,8 @@ class Decomposition:
     micro_batches: int
     dtype_bytes: int
     notes: Tuple[str, ...]  # approximations the user should know about
+    zero_stage: int = 0
+    precision: str = ""  # what the run computes in (fp16 | bfloat16 | fp32)
 
 
 def group_placement(size: int, stride: int, gpus_per_node: int) -> Tuple[int, int]:
@@ -131,8 +139,8 @@ def mlp_widths(cfg: NeoxConfig) -> Tuple[int, int]:
     return ffn, ffn_in
 
 
-def _layer_calls(cfg: NeoxConfig, dt: int, mp_group: Tuple[int, int], notes: List[str]
-                 ) -> Tuple[Tuple[object, ...], Tuple[object, ...]]:
+def _layer_calls(cfg: NeoxConfig, dt: int, mp_group: Tuple[int, int], notes: List[str],
+                 precision: str) -> Tuple[Tuple[object, ...], Tuple[object, ...]]:
     m, mp = cfg.model, cfg.parallel.model_parallel_size
     b, l, d = cfg.training.micro_batch_size, m.seq_length, m.hidden_size
     tokens, hd = b * l, m.head_dim
@@ -163,7 +171,7 @@ def _layer_calls(cfg: NeoxConfig, dt: int, mp_group: Tuple[int, int], notes: Lis
         both("qk", batch=batch, l=l, head_dim=hd)
         # NeoX's FusedScaleMaskSoftmax takes the fused kernel only for 16-bit inputs with
         # 16 < sk <= 2048 (megatron/model/fused_softmax.py); otherwise masked_fill + softmax.
-        fused = (m.fused_softmax and cfg.training.precision in ("fp16", "bfloat16")
+        fused = (m.fused_softmax and precision in ("fp16", "bfloat16")
                  and 16 < l <= 2048 and batch % 4 == 0)
         if fused:
             both("fused_softmax", batch=batch, l=l)
@@ -187,6 +195,24 @@ def _layer_calls(cfg: NeoxConfig, dt: int, mp_group: Tuple[int, int], notes: Lis
     return tuple(fwd), tuple(bwd)
 
 
+def _norm_tensors(norm: str) -> int:
+    return {"layernorm": 2, "non_parametric_layernorm": 0}.get(norm, 1)
+
+
+def param_tensors(cfg: NeoxConfig, st: "StageShape") -> int:
+    """Parameter tensors one rank of the stage holds (weights and biases are separate tensors;
+    an optimizer and gradient clipping loop over them)."""
+    m = cfg.model
+    per_layer = 4 + (2 if m.use_bias_in_attn_linear else 0) + (2 if m.use_bias_in_mlp else 0)
+    per_layer += 2 * _norm_tensors(m.norm)
+    n = st.transformer_layers * per_layer
+    if st.has_embedding:
+        n += 1 + (1 if m.pos_emb == "learned" else 0)
+    if st.has_head:
+        n += _norm_tensors(m.norm) + (1 if m.no_weight_tying or not st.has_embedding else 0)
+    return n
+
+
 def _buckets(total: float, bucket: int) -> List[Tuple[float, int]]:
     """[(elements, count)] of DeepSpeed-style fixed-size buckets covering `total`."""
     if total <= 0:
@@ -199,10 +225,14 @@ def _buckets(total: float, bucket: int) -> List[Tuple[float, int]]:
     return out
 
 
-def decompose(cfg: NeoxConfig, padded_vocab: int, stages: Sequence[StageShape]) -> Decomposition:
+def decompose(cfg: NeoxConfig, padded_vocab: int, stages: Sequence[StageShape],
+              precision: Optional[str] = None) -> Decomposition:
+    """precision: what the run really computes in, when that is not the config's (the
+    reference workload runs fp32 on a CPU whatever the config asks); default the config's."""
     m, par, tr = cfg.model, cfg.parallel, cfg.training
     mp, dp, gpn = par.model_parallel_size, par.data_parallel_size, par.gpus_per_node
-    dt = 4 if tr.precision == "fp32" else 2
+    run_precision = precision or tr.precision
+    dt = 4 if run_precision == "fp32" else 2
     b, l, d = tr.micro_batch_size, m.seq_length, m.hidden_size
     tokens, vocab = b * l, padded_vocab // mp
     notes: List[str] = []
@@ -210,9 +240,10 @@ def decompose(cfg: NeoxConfig, padded_vocab: int, stages: Sequence[StageShape]) 
     dp_group = group_placement(dp, mp, gpn)
     # Adjacent stages are mp*dp ranks apart: same node only if both fit in one.
     p2p_nodes, p2p_gpn = (1, 2) if mp * dp * 2 <= gpn else (2, 1)
-    layer_fwd, layer_bwd = _layer_calls(cfg, dt, mp_group, notes)
+    layer_fwd, layer_bwd = _layer_calls(cfg, dt, mp_group, notes, run_precision)
     recompute = tr.checkpoint_activations
-    grad_elems_factor = 2 if tr.fp32_allreduce else 1  # fp32 gradients move twice the bytes
+    # fp32_allreduce reduces 16-bit gradients in fp32: twice the bytes of the run's elements
+    grad_elems_factor = 4 // dt if tr.fp32_allreduce else 1
     tied = not m.no_weight_tying and len(stages) > 1
     out: List[StageWork] = []
     for st in stages:
@@ -260,9 +291,13 @@ def decompose(cfg: NeoxConfig, padded_vocab: int, stages: Sequence[StageShape]) 
             layer_forward=layer_fwd, layer_backward=layer_bwd, forward=tuple(fwd),
             backward=tuple(bwd), recompute_layers=st.transformer_layers if recompute else 0,
             send_activation=send_act, send_gradient=send_grad, grad_sync=grad_sync,
-            tied_sync=tied_sync, optimizer=optimizer, param_allgather=gather))
+            tied_sync=tied_sync, optimizer=optimizer, param_allgather=gather,
+            activation_elements=float(tokens * (d + mlp_widths(cfg)[0] // mp)),
+            logits_elements=float(tokens * vocab) if st.has_head else 0.0,
+            param_tensors=param_tensors(cfg, st), params_per_rank=st.params_per_rank))
     if par.sequence_parallel and mp > 1:
         notes.append("sequence_parallel is predicted as plain tensor parallelism")
-    if tr.precision == "fp32":
+    if precision is None and tr.precision == "fp32":  # an explicit precision is the caller's word
         notes.append("fp32 training is predicted from fp16 operator samples")
-    return Decomposition(tuple(out), tr.gradient_accumulation_steps, dt, tuple(dict.fromkeys(notes)))
+    return Decomposition(tuple(out), tr.gradient_accumulation_steps, dt, tuple(dict.fromkeys(notes)),
+                         zero_stage=tr.zero_stage, precision=run_precision)

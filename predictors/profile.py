@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Tuple, Union
@@ -31,6 +32,13 @@ def _bundled_dir() -> Path:
     # installed: neox_perf/profiles next to neox_perf/__init__.py; source tree: the same folder
     import neox_perf
     return Path(neox_perf.__file__).resolve().parent / "profiles"
+
+
+def user_profiles_dir() -> Path:
+    """Where `neox-perf calibrate` writes profiles: $NEOX_PERF_HOME/profiles, by default
+    ~/.cache/neox-perf/profiles. Read at every call, so a changed variable takes effect."""
+    home = os.environ.get("NEOX_PERF_HOME")
+    return (Path(home) if home else Path("~/.cache/neox-perf")).expanduser() / "profiles"
 
 
 @dataclass(frozen=True)
@@ -278,15 +286,20 @@ _LOADED: Dict[Tuple[str, int], ClusterProfile] = {}
 def _resolve(name_or_path: Union[str, Path]) -> Path:
     text = str(name_or_path)
     bundled = _bundled_dir()
-    if isinstance(name_or_path, str) and "/" not in text and "\\" not in text and (bundled / text).is_dir():
-        return bundled / text
+    if isinstance(name_or_path, str) and "/" not in text and "\\" not in text:
+        # a bare name: bundled first, so a user profile can never shadow a published one
+        for root in (bundled, user_profiles_dir()):
+            if (root / text).is_dir():
+                return root / text
     path = Path(name_or_path).expanduser()
     if path.is_file() and path.name == MANIFEST_FILE:
         return path.parent
     if path.is_dir():
         return path
-    names = ", ".join(p.name for p in list_profiles()) or "none bundled"
-    raise ProfileError(text, "no such cluster profile", f"use a bundled profile ({names}) or a profile directory")
+    names = ", ".join(p.name for p in list_profiles()) or "none found"
+    raise ProfileError(text, "no such cluster profile",
+                       f"use a known profile ({names}), a profile directory, or create one with "
+                       f"`neox-perf calibrate --cluster {text}`")
 
 
 def load_profile(name_or_path: Union[str, Path]) -> ClusterProfile:
@@ -310,14 +323,17 @@ def load_profile(name_or_path: Union[str, Path]) -> ClusterProfile:
 
 
 def list_profiles() -> List[ProfileInfo]:
-    """Bundled profiles (those whose manifest reads cleanly)."""
-    out = []
-    bundled = _bundled_dir()
-    if not bundled.is_dir():
-        return out
-    for directory in sorted(p for p in bundled.iterdir() if p.is_dir()):
-        try:
-            out.append(_info(directory, _read_manifest(directory)))
-        except ProfileError:
+    """Bundled profiles, then the user's (user_profiles_dir()) that a bundled name does not
+    shadow; only those whose manifest reads cleanly."""
+    out: List[ProfileInfo] = []
+    for root in (_bundled_dir(), user_profiles_dir()):
+        if not root.is_dir():
             continue
+        for directory in sorted(p for p in root.iterdir() if p.is_dir()):
+            if any(info.name == directory.name for info in out):
+                continue
+            try:
+                out.append(_info(directory, _read_manifest(directory)))
+            except ProfileError:
+                continue
     return out

@@ -13,6 +13,18 @@ EXAMPLES = REPO / "neox_perf" / "examples"
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_neox_perf_home(tmp_path_factory):
+    """Profiles a developer calibrated under ~/.cache must not leak into the tests."""
+    old = os.environ.get("NEOX_PERF_HOME")
+    os.environ["NEOX_PERF_HOME"] = str(tmp_path_factory.mktemp("neox-perf-home"))
+    yield
+    if old is None:
+        os.environ.pop("NEOX_PERF_HOME", None)
+    else:
+        os.environ["NEOX_PERF_HOME"] = old
+
+
 @pytest.fixture
 def neox_configs():
     if not NEOX_CONFIGS.is_dir():

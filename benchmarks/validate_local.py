@@ -1,0 +1,89 @@
+"""Predicted vs measured iteration time of the reference workload on this machine.
+
+Runs `neox-perf validate` (its command function) on every config of benchmarks/validation/
+with 2 processes: each config is trained for real under DeepSpeed (CPU + gloo here, CUDA +
+nccl on a GPU node), timed per iteration (warm-up dropped, minimum over the measured
+iterations) and predicted with the calibrated profile. Prints the table per config and per
+component and the mean absolute percentage error, and the machine's load average before and
+after (other jobs on a 2-core box slow the runs; the minimum filters most of it).
+
+    neox-perf calibrate --cluster local --quick      # once: the profile to check
+    python benchmarks/validate_local.py [--cluster local] [--iters 8] [--json] [CONFIG ...]
+
+None of these configs shaped the quick sampling plan or the model: they were written for
+this check (sizes between the plan's grid points: d 384/640/768, l 384, vocab 16000).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+CONFIGS = sorted((HERE / "validation").glob("*.yml"))
+VOCAB = 16000  # raw tokenizer size passed to the workload (padded to 16000 by NeoX's rule)
+
+
+def _load() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("configs", nargs="*", help="default: every benchmarks/validation/*.yml")
+    ap.add_argument("--cluster", default="local")
+    ap.add_argument("--gpus", type=int, default=2)
+    ap.add_argument("--iters", type=int, default=8, help="measured iterations per config (after 2 warm-up)")
+    ap.add_argument("--vocab-size", type=int, default=VOCAB)
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="launch each config this many times, rounds interleaved, and keep the "
+                         "fastest launch (other jobs on the box slow whole launches, not single iterations)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    configs = [Path(c) for c in args.configs] or CONFIGS
+
+    from neox_perf.commands.validate import ValidateResult, _load_profile, validate_one
+    from neox_perf.render.progress import bars, wanted
+
+    profile = _load_profile(args.cluster)
+    result = ValidateResult(cluster=profile.name, gpus=args.gpus)
+    load_before, started = _load(), time.monotonic()
+    runs = {i: [] for i in range(len(configs))}
+    with bars(wanted(args.json)) as progress:
+        for round_ in range(args.repeat):
+            for i, cfg in enumerate(configs):
+                step = None
+                if progress is not None:
+                    def step(done, total, label, i=i, r=round_):
+                        progress(f"{r + 1}.{i + 1}/{len(configs)}", done, total, label)
+                runs[i].append(validate_one([str(cfg)], args.gpus, profile, args.iters,
+                                            args.vocab_size, step))
+    for i in range(len(configs)):
+        best = min(runs[i], key=lambda r: r.measured_seconds)
+        if args.repeat > 1:
+            times = ", ".join(f"{r.measured_seconds:.3f}" for r in runs[i])
+            best.notes.insert(0, f"fastest of {args.repeat} launches (measured {times} s)")
+        result.results.append(best)
+    elapsed = time.monotonic() - started
+    if args.json:
+        from neox_perf.render.envelope import dump, envelope
+        out = envelope(result.command, result.exit_code, result.to_dict())
+        out.update(load_average_before=load_before, load_average_after=_load(), seconds=elapsed)
+        sys.stdout.write(dump(out) + "\n")
+        return 0
+    from rich.console import Console
+
+    from neox_perf.render.validate_text import render
+    render(result, Console(highlight=False, width=160))
+    print(f"load average (1, 5, 15 min) before: {load_before}; after: {_load()}; "
+          f"{elapsed:.0f} s for {len(configs)} configs")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

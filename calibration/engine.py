@@ -1,0 +1,291 @@
+"""Engine calibration: what the operator benchmarks cannot see.
+
+The operator samples time each kernel alone, hot in cache, with F.cross_entropy and a flat
+Adam. A real step also runs the layer's glue (bias adds, copies, residual-gradient sums),
+touches operands that are no longer in cache, computes NeoX's multi-pass vocab-parallel
+loss, and DeepSpeed's own work: gradient clipping + the optimizer over every parameter
+tensor, flattening gradients for the all-reduce, accumulating gradients between micro-
+batches. This step runs the reference workload's own model under a one-process DeepSpeed
+engine at the shapes below (never the validation configs) and records what each part took;
+predictors.local turns the differences from the operator predictions into the profile's
+"engine" terms. The measuring runs in its own processes: python -m neox_perf.calibration.engine.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from .launch import CalibrationFailed, free_port, rank_env
+from .phase_clock import PhaseClock
+
+# (hidden, seq, micro_batch, norm, attention, vocab): the quick plan's grid points
+ENGINE_SHAPES = (
+    (128, 256, 2, "layernorm", "global", 8192),
+    (256, 128, 1, "rmsnorm", "global", 8192),
+    (256, 512, 2, "layernorm", "global", 8192),
+    (256, 256, 4, "rmsnorm", "flash", 32768),
+    (512, 256, 1, "rmsnorm", "flash", 32768),
+    (512, 128, 2, "layernorm", "global", 32768),
+    (512, 512, 2, "layernorm", "flash", 8192),
+    (1024, 128, 1, "layernorm", "global", 8192),
+    (1024, 256, 2, "rmsnorm", "flash", 8192),
+    (1024, 512, 2, "rmsnorm", "global", 8192),
+)
+ENGINE_DEPTHS = (2,)  # layers per calibration model
+ENGINE_WARMUP, ENGINE_REPEATS = 2, 5
+
+
+def engine_path(store: Path) -> Path:
+    return store.with_suffix(".engine.json")
+
+
+def engine_keys(shape, layers: int) -> Dict[str, object]:
+    hidden, seq, micro, norm, attention, _vocab = shape
+    keys = {"pipe_parallel_size": 0, "model_parallel_size": 1, "num_layers": layers,
+            "hidden_size": hidden, "num_attention_heads": hidden // 64, "seq_length": seq,
+            "max_position_embeddings": seq, "pos_emb": "rotary", "norm": norm,
+            "no_weight_tying": True, "train_micro_batch_size_per_gpu": micro,
+            "gradient_accumulation_steps": 1,
+            "optimizer": {"type": "Adam", "params": {"lr": 0.0001}}}
+    if attention == "flash":
+        keys["attention_config"] = [[["flash"], layers]]
+    return keys
+
+
+def engine_label(shape, layers: int) -> str:
+    hidden, seq, micro, norm, attention, vocab = shape
+    return f"d{hidden} l{seq} b{micro} {norm} {attention} V{vocab} x{layers}"
+
+
+def run_engine(path: Path, device: str, progress=None, shapes=ENGINE_SHAPES,
+               nproc: int = 1) -> Dict[str, object]:
+    """Measure every engine shape not yet in ``path`` (JSON, rewritten after each shape).
+
+    ``nproc`` processes run the same models in lockstep (a barrier before every timed phase),
+    each with its own one-process engine, and the first one records: in training every
+    device steps at once, and devices that share a memory system (CPU "GPUs") slow each
+    other down in the memory-bound phases -- measured here, not assumed."""
+    todo = [(s, n) for s in shapes for n in ENGINE_DEPTHS]
+    have = json.loads(path.read_text()).get("shapes", {}) if path.is_file() else {}
+    before = sum(engine_label(s, n) in have for s, n in todo)
+    cmd = [sys.executable, "-m", __name__, str(path), "--device", device,
+           "--peers", str(nproc), "--barrier-port", str(free_port())]
+    if tuple(shapes) != ENGINE_SHAPES:
+        cmd += ["--shapes", json.dumps([list(s) for s in shapes])]
+    done = before
+    if progress is not None:
+        progress(done, len(todo), "starting")
+    logs = [path.with_suffix(f".{peer}.log") for peer in range(nproc)]
+    procs = []
+    try:
+        for peer in range(nproc):
+            env = rank_env(device)
+            env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0",
+                       WORLD_SIZE="1", LOCAL_RANK=str(peer), LOCAL_WORLD_SIZE="1")
+            out = subprocess.PIPE if peer == 0 else open(logs[peer], "w")
+            procs.append(subprocess.Popen(cmd + ["--peer", str(peer)], env=env, stdout=out,
+                                          stderr=subprocess.STDOUT, text=True))
+        with open(logs[0], "w") as fh:
+            for line in procs[0].stdout:
+                fh.write(line)
+                if line.startswith("measured "):
+                    done += 1
+                    if progress is not None:
+                        progress(done, len(todo), line[len("measured "):].strip())
+        codes = [p.wait() for p in procs]
+    finally:
+        for p in procs:  # a failed peer would leave the others waiting at a barrier
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    if any(codes):
+        peer = next(i for i, c in enumerate(codes) if c)
+        text = logs[peer].read_text(errors="replace").strip().splitlines()
+        raise CalibrationFailed(f"engine calibration failed (process {peer}, exit {codes[peer]}): "
+                                f"{(text or ['no output'])[-1][-300:]} (log: {logs[peer]})")
+    return {"shapes": len(todo), "already_stored": before, "measured": done - before,
+            "processes": nproc}
+
+
+class _Barrier:
+    """All peers reach the same point before any goes on (a TCPStore, not a process group:
+    each peer's DeepSpeed engine must see a world of one)."""
+
+    def __init__(self, peer: int, peers: int, port: int):
+        self.peers, self.count = peers, 0
+        self.store = None
+        if peers > 1:
+            import datetime
+
+            from torch.distributed import TCPStore
+            self.store = TCPStore("127.0.0.1", port, peers, peer == 0,
+                                  timeout=datetime.timedelta(seconds=600))
+
+    def __call__(self) -> None:
+        if self.store is None:
+            return
+        self.count += 1
+        key = f"barrier{self.count}"
+        if self.store.add(key, 1) == self.peers:
+            self.store.set(key + "/go", "1")
+        self.store.wait([key + "/go"])
+
+
+def _engine_worker(path: Path, device: str, todo=ENGINE_SHAPES, peer: int = 0, peers: int = 1,
+                   port: int = 0) -> int:
+
+    import deepspeed
+    import torch
+
+    from .run import pick_threads
+    torch.set_num_threads(pick_threads(None, device) or torch.get_num_threads())
+    if device.startswith("cuda"):
+        device = f"cuda:{peer}"
+        torch.cuda.set_device(peer)
+    deepspeed.init_distributed(dist_backend="nccl" if device.startswith("cuda") else "gloo")
+    barrier = _Barrier(peer, peers, port)
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    shapes = data.setdefault("shapes", {})
+    data["device"], data["processes"] = device, peers
+    for shape in todo:
+        for layers in ENGINE_DEPTHS:
+            label = engine_label(shape, layers)
+            if label in shapes:  # every peer read the same file: the same shapes are left
+                continue
+            row = _measure_engine(shape, layers, device, barrier)
+            if peer == 0:
+                shapes[label] = row
+                tmp = path.with_suffix(".tmp")
+                tmp.write_text(json.dumps(data, indent=1))
+                os.replace(tmp, path)  # a kill loses at most the shape in flight
+                print(f"measured {label}", flush=True)
+    return 0
+
+
+def _measure_engine(shape, layers: int, device: str, barrier=lambda: None) -> Dict[str, object]:
+    import tempfile
+
+    import deepspeed
+    import torch
+
+    from .workload import dims
+    from .workload.data import SyntheticTokens
+    from .workload.ds_config import build_ds_config, run_precision
+    from .workload.layers import ParallelTransformerLayerPipe
+    from .workload.model import SequentialModel, cross_entropy
+    from .workload.tensor_parallel import TPState, set_tp_state
+    from neox_perf.config import WorldRequest, build, load_files
+
+    keys, vocab = engine_keys(shape, layers), shape[-1]
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg_path = Path(tmp) / "engine.yml"
+        cfg_path.write_text(json.dumps(keys))
+        cfg, _, _ = build(load_files([str(cfg_path)]), WorldRequest(gpus=1))
+    dev = torch.device(device)
+    set_tp_state(TPState(init_device=str(dev)))
+    wc = dims.from_neox(cfg, vocab)
+    model = SequentialModel(wc, 0).to(dev)
+    ds_config, _ = build_ds_config(cfg, dev.type)
+    params = [p for p in model.parameters() if p.requires_grad]
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=ds_config)
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    now = time.perf_counter
+    clock, marks = PhaseClock(), []
+
+    def stamp(kind):
+        def hook(grad):
+            sync()
+            marks.append((kind, now()))
+        return hook
+
+    def timed_layer(forward):
+        # forward time directly; backward between the gradient reaching the layer's output and
+        # leaving through its input (tensor hooks: the layers take a tuple, module hooks miss it)
+        def run(args):
+            out = forward(args)
+            if torch.is_grad_enabled():
+                out[0].register_hook(stamp("start"))
+                args[0].register_hook(stamp("end"))
+            return out
+        return clock.wrap("layer_forward", run)
+
+    for module in model.sequential:
+        if isinstance(module, ParallelTransformerLayerPipe):
+            module.forward = timed_layer(module.forward)
+    engine.allreduce_gradients = clock.wrap("flatten", engine.allreduce_gradients)
+    data = SyntheticTokens(wc.seed, vocab, wc.seq_length, cfg.training.micro_batch_size, 0, dev)
+    rows = []
+    for it in range(ENGINE_WARMUP + ENGINE_REPEATS):
+        inputs, labels = data.micro_batch(it, 0)
+        clock.current, marks[:] = {}, []
+        barrier()
+        t0 = now()
+        loss = cross_entropy(engine(inputs), labels)
+        sync()
+        t1 = now()
+        barrier()
+        t1b = now()
+        engine.backward(loss)
+        sync()
+        t2 = now()
+        barrier()
+        t2b = now()
+        engine.step()
+        sync()
+        t3 = now()
+        flatten = clock.current.get("flatten", 0.0)
+        starts = [t for kind, t in marks if kind == "start"]
+        ends = [t for kind, t in marks if kind == "end"]
+        rows.append({"forward": t1 - t0, "layer_forward": clock.current.get("layer_forward", 0.0),
+                     "backward": t2 - t1b - flatten,
+                     "layer_backward": sum(e - b for b, e in zip(starts, ends)),
+                     "flatten": flatten, "step": t3 - t2b})
+    best = {k: min(r[k] for r in rows[ENGINE_WARMUP:]) for k in rows[0]}
+    # What AccumulateGrad does for every micro-batch after the first: grad += new gradient.
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    fresh = [torch.randn_like(p) for p in params]
+    times = []
+    for _ in range(ENGINE_REPEATS):
+        sync()
+        barrier()
+        t0 = now()
+        for p, g in zip(params, fresh):
+            p.grad.add_(g)
+        sync()
+        times.append(now() - t0)
+    best["accumulate"] = min(times)
+    counts = {"params": int(sum(p.numel() for p in params)), "tensors": len(params)}
+    del engine, model, params, fresh
+    return {"keys": keys, "vocab": vocab, "layers": layers,
+            "precision": run_precision(cfg, dev.type), **counts, **best}
+
+
+# A tensor-parallel all-reduce follows a block of compute on every rank, with no barrier: its
+# cost in training includes waiting for the slowest member (scheduling jitter, gloo's helper
+# threads sharing the cores), which the collective benchmark's barrier-aligned repetitions
+# leave out. This times it that way: a GEMM of a few milliseconds, then the all-reduce of a
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    import argparse
+    parser = argparse.ArgumentParser(prog=f"python -m {__name__}")
+    parser.add_argument("path", help="engine measurements JSON (resumed)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--shapes", help="JSON list of engine shapes (default: ENGINE_SHAPES)")
+    parser.add_argument("--peer", type=int, default=0, help="this process among --peers")
+    parser.add_argument("--peers", type=int, default=1, help="processes measuring in lockstep")
+    parser.add_argument("--barrier-port", type=int, default=0, help="peer 0's TCPStore port")
+    args = parser.parse_args(argv)
+    shapes = tuple(tuple(s) for s in json.loads(args.shapes)) if args.shapes else ENGINE_SHAPES
+    return _engine_worker(Path(args.path), args.device, shapes, args.peer, args.peers,
+                          args.barrier_port)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,78 @@
+"""The rank-side half of `neox-perf validate`: the unmodified reference workload, with
+DeepSpeed's own phases timed on every rank.
+
+Launched by neox_perf.commands.validate under torchrun:
+    python -m neox_perf.calibration.validate_worker --phases-dir DIR -- <workload arguments>
+Each rank writes DIR/rank.R.json (per iteration: seconds per phase and in total); rank 0
+appends one line per iteration to DIR/progress for the progress bar.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import List, Optional
+
+from .phase_clock import PhaseClock
+
+
+_PIPE_PHASES = {"ForwardPass": "forward", "BackwardPass": "backward", "SendActivation": "p2p",
+                "RecvActivation": "p2p", "SendGrad": "p2p", "RecvGrad": "p2p",
+                "ReduceTiedGrads": "grad_sync", "ReduceGrads": "grad_sync",
+                "OptimizerStep": "optimizer", "LoadMicroBatch": "other"}
+
+
+def _instrument(clock: PhaseClock, iterations: List[dict], progress_file: Optional[str]) -> None:
+    from deepspeed.runtime.engine import DeepSpeedEngine
+    from deepspeed.runtime.pipe import engine as pipe_engine
+
+    from .workload import train
+
+    table = pipe_engine.PipelineEngine._INSTRUCTION_MAP
+    for instr, fn in list(table.items()):
+        table[instr] = clock.wrap(_PIPE_PHASES.get(instr.__name__, "other"), fn)
+    # pp = 0: the engine's own calls; inside a pipeline these nest under the instructions
+    DeepSpeedEngine.forward = clock.wrap("forward", DeepSpeedEngine.forward)
+    DeepSpeedEngine.backward = clock.wrap("backward", DeepSpeedEngine.backward)
+    DeepSpeedEngine.step = clock.wrap("optimizer", DeepSpeedEngine.step)
+    DeepSpeedEngine.allreduce_gradients = clock.wrap("grad_sync", DeepSpeedEngine.allreduce_gradients)
+    from .workload import tensor_parallel
+    tensor_parallel._all_reduce = clock.wrap("tp_allreduce", tensor_parallel._all_reduce)
+
+    def iteration(fn):
+        def run(*args):
+            if len(args) == 5:  # _iteration_sequential(engine, data, it, gas, loss_fn)
+                args = args[:4] + (clock.wrap("forward", args[4]),)
+            clock.current = {}
+            start = clock.now()
+            out = fn(*args)
+            iterations.append({**clock.current, "iteration": clock.now() - start})
+            if progress_file:
+                with open(progress_file, "a") as fh:
+                    fh.write(f"{len(iterations)}\n")
+            return out
+        return run
+
+    train._iteration_pipe = iteration(train._iteration_pipe)
+    train._iteration_sequential = iteration(train._iteration_sequential)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    import argparse
+    parser = argparse.ArgumentParser(prog=f"python -m {__name__}")
+    parser.add_argument("--phases-dir", required=True)
+    parser.add_argument("rest", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
+    rank = int(os.environ.get("RANK", "0"))
+    clock, iterations = PhaseClock(), []
+    progress_file = os.path.join(args.phases_dir, "progress") if rank == 0 else None
+    _instrument(clock, iterations, progress_file)
+    from .workload import train
+    code = train.main(rest)
+    with open(os.path.join(args.phases_dir, f"rank.{rank}.json"), "w") as fh:
+        json.dump(iterations, fh)
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,239 @@
+"""`neox-perf calibrate`: measure this machine and write a cluster profile of it.
+
+Four steps, each resumable, each reporting progress:
+1. operators: the plan's micro-benchmarks in this process (calibration.run.calibrate), one
+   committed sample per point: a re-run skips what is stored, a kill loses at most the point
+   in flight;
+2. collectives: `torchrun --nproc_per_node N -m neox_perf.calibration.collectives` on this
+   node (rank 0 writes the same store, skipping stored points), then all-reduce/all-gather at
+   gradient-bucket sizes and the tensor-parallel all-reduce as training sees it. Across
+   nodes, run `python -m neox_perf.calibration.collectives --store S --plan P` under your own
+   launcher first (srun, mpirun or the deepspeed launcher, same store file); this step then
+   finds those points stored;
+3. engine: the reference workload's model under a one-process DeepSpeed engine at fixed
+   calibration shapes (never a validation config), for what the operator benchmarks cannot
+   see (calibration/engine.py); resumed per shape from STORE.engine.json;
+4. fit: the predictors' trainer on the store's samples of this device
+   (predictors.local.fit_store) plus the engine terms (predictors.local.add_engine), written
+   to $NEOX_PERF_HOME/profiles/NAME (or --out), where `--cluster NAME` finds it.
+
+On a CPU the profile is a stand-in for a GPU cluster: every "GPU" is one single-threaded
+process, the "GPU memory" is the machine's RAM, the links are gloo over shared memory.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+from .. import exitcodes
+from ..calibration.engine import engine_path, run_engine
+from ..calibration.launch import (CalibrationFailed, default_processes, free_port, has_module,
+                                  launch, rank_env, use_caching_malloc)
+from ..calibration.tp_allreduce import run_tp_benchmark, tp_path
+from ..errors import UsageError
+
+Progress = Callable[[str, float, float, str], None]  # (step, done, total, label)
+STEPS = ("operators", "collectives", "engine", "fit")
+
+
+@dataclass
+class CalibrateResult:
+    cluster: str
+    profile_path: str
+    store: str
+    plan: str
+    device: str
+    operators: Dict[str, object] = field(default_factory=dict)
+    collectives: Dict[str, object] = field(default_factory=dict)
+    engine: Dict[str, object] = field(default_factory=dict)
+    fit: List[Dict[str, object]] = field(default_factory=list)
+    facts: Dict[str, object] = field(default_factory=dict)
+    seconds: Dict[str, float] = field(default_factory=dict)
+    notes: List[str] = field(default_factory=list)
+    command: str = "calibrate"
+    render_hint: str = "calibrate_text"
+    exit_code: int = exitcodes.OK
+
+    def to_dict(self) -> dict:
+        return {"cluster": self.cluster, "profile": self.profile_path, "store": self.store,
+                "plan": self.plan, "device": self.device, "operators": self.operators,
+                "collectives": self.collectives, "engine": self.engine, "fit": self.fit,
+                "facts": self.facts,
+                "seconds": self.seconds, "notes": self.notes}
+
+
+def default_home() -> Path:
+    from ..predictors.profile import user_profiles_dir
+    return user_profiles_dir().parent
+
+
+def _paths(args):
+    from ..predictors.profile import _bundled_dir, user_profiles_dir
+    name = str(args.cluster)
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        raise UsageError(f"--cluster {name!r}: use letters, digits, '.', '_' and '-' (it names a folder)")
+    out = Path(args.out).expanduser() if getattr(args, "out", None) else user_profiles_dir() / name
+    if not getattr(args, "out", None) and (_bundled_dir() / name).is_dir():
+        raise UsageError(f"--cluster {name}: a bundled profile has that name and would hide yours; "
+                         f"choose another name or pass --out DIR")
+    store = (Path(args.store).expanduser() if getattr(args, "store", None)
+             else default_home() / "stores" / f"{name}.sqlite")
+    return name, out, store
+
+
+def _plan(args):
+    from ..calibration.plan import load_plan
+    if getattr(args, "plan", None) and getattr(args, "quick", False):
+        raise UsageError("--quick and --plan exclude each other: --quick is the bundled quick plan")
+    source = args.plan if getattr(args, "plan", None) else ("quick" if args.quick else "full")
+    return source, load_plan(source)
+
+
+def run_calibrate(args, progress: Optional[Progress] = None,
+                  clock: Optional[Callable[[], float]] = None, grid=None) -> CalibrateResult:
+    """args: cluster, quick, plan, store, out, nproc. ``clock`` and ``grid`` are for tests
+    (an injected benchmark clock; a smaller tree grid)."""
+    if not has_module("torch"):
+        raise UsageError("calibrate measures with torch: pip install 'neox-perf[runtime]'") from None
+    from ..calibration.run import calibrate, pick_device
+    from ..predictors.local import add_engine, fit_store
+
+    name, out, store = _paths(args)
+    source, plan = _plan(args)
+    nproc = int(getattr(args, "nproc", None) or default_processes())
+    device = pick_device(None)
+    result = CalibrateResult(cluster=name, profile_path=str(out), store=str(store), plan=plan.name,
+                             device=device)
+    store.parent.mkdir(parents=True, exist_ok=True)
+    notes = result.notes
+    if device == "cpu":
+        if use_caching_malloc():
+            notes.append("CPU: large tensors recycled from the heap (glibc mmap threshold 1 GiB, "
+                         "no trimming), as a GPU's caching allocator recycles device memory")
+        notes.append(f"CPU stand-in: each of the {nproc} processes plays one GPU with one thread")
+
+    started = time.monotonic()
+    step = _stepper(progress, "operators")
+    summary = calibrate(plan, store, clock=clock, progress=step, device=device,
+                        quick=source == "quick")
+    result.operators = {"points": summary.total, "measured": summary.measured,
+                        "already_stored": summary.already_stored,
+                        "failed": [{"point": p, "reason": r} for p, r in summary.failed],
+                        "dtype": summary.dtype, "threads": summary.threads, "timer": summary.timer}
+    result.seconds["operators"] = time.monotonic() - started
+
+    started = time.monotonic()
+    step = _stepper(progress, "collectives")
+    result.collectives = run_collectives(store, plan, source, nproc, device, step)
+    if nproc >= 2 and getattr(args, "engine", True):
+        if step is not None:
+            step(0, 1, "gradient-bucket sizes, tensor-parallel all-reduce in training")
+        result.collectives["buckets"] = run_bucket_collectives(store, nproc, device)
+        result.collectives["tensor_parallel"] = run_tp_benchmark(tp_path(store), nproc, device)
+        if step is not None:
+            step(1, 1, "done")
+    result.seconds["collectives"] = time.monotonic() - started
+
+    started = time.monotonic()
+    if getattr(args, "engine", True):
+        result.engine = run_engine(engine_path(store), device, _stepper(progress, "engine"),
+                                   nproc=nproc)
+    result.seconds["engine"] = time.monotonic() - started
+
+    started = time.monotonic()
+    try:
+        fitted = fit_store(store, name, out, dtype=summary.dtype, gpus_per_node=nproc, grid=grid,
+                           progress=_stepper(progress, "fit"), extra_notes=tuple(notes))
+        table = list(fitted.table)
+        if getattr(args, "engine", True):
+            table += add_engine(out, engine_path(store), tp_path(store))
+    except ValueError as exc:
+        raise CalibrationFailed(f"{store}: cannot fit a profile: {exc}") from None
+    result.seconds["fit"] = time.monotonic() - started
+    result.fit = [row.to_dict() for row in table]
+    result.facts = fitted.manifest["facts"]
+    if summary.failed:
+        notes.append(f"{len(summary.failed)} plan points could not be measured (see operators.failed)")
+    return result
+
+
+def _stepper(progress: Optional[Progress], step: str):
+    if progress is None:
+        return None
+    return lambda done, total, label: progress(step, done, total, label)
+
+
+def _stored_collectives(store: Path, jobs) -> int:
+    from ..calibration.store import COLLECTIVE_PHASE, SampleStore
+    with SampleStore(store) as s:
+        have = {(x.op, int(x.features["elements"]), int(x.features["nodes"]),
+                 int(x.features["gpus_per_node"]))
+                for x in s.samples(source="calibrate") if x.phase == COLLECTIVE_PHASE}
+    return sum((j.kind, j.elements, *j.shape) in have for j in jobs)
+
+
+def run_collectives(store: Path, plan, source: str, nproc: int, device: str,
+                    progress=None) -> Dict[str, object]:
+    """The plan's collectives on this node under torchrun; rank 0 writes the store."""
+    from ..calibration.collectives import plan_jobs, torchrun_command
+    jobs = plan_jobs(dict(plan.collectives), 1, nproc)
+    info: Dict[str, object] = {"processes": nproc, "jobs": len(jobs)}
+    if nproc < 2 or not jobs:
+        info["skipped"] = ("one process: nothing to communicate with" if nproc < 2
+                           else "the plan has no collectives section")
+        if progress is not None:
+            progress(1, 1, "skipped")
+        return info
+    before = _stored_collectives(store, jobs)
+    info["already_stored"] = before
+    env = rank_env(device)
+    log = store.with_suffix(".collectives.log")
+    for attempt in range(3):
+        cmd = torchrun_command(nproc, store, plan=source, master_port=free_port())
+        done = before
+        with open(log, "w") as fh:
+            proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=fh, text=True)
+            for line in proc.stdout:
+                fh.write(line)
+                if " us (IQR " in line:  # one line per measured job
+                    done += 1
+                    if progress is not None:
+                        progress(done, len(jobs), line.split(":")[0])
+            proc.wait()
+        text = log.read_text(errors="replace")
+        if proc.returncode == 0 or "EADDRINUSE" not in text:
+            break
+    if proc.returncode != 0:
+        lines = [line.strip() for line in text.splitlines() if "neox-perf" in line or "Error" in line]
+        raise CalibrationFailed(f"collectives launch failed (exit {proc.returncode}): "
+                                f"{(lines or ['see the log'])[-1][-300:]} (log: {log}; command: "
+                                f"{' '.join(cmd)})")
+    info["measured"] = _stored_collectives(store, jobs) - before
+    if progress is not None:
+        progress(len(jobs), len(jobs), "done")
+    return info
+
+
+def run_bucket_collectives(store: Path, nproc: int, device: str) -> Dict[str, object]:
+    """All-reduce and all-gather at gradient-bucket sizes: DeepSpeed reduces a whole stage's
+    gradients at once (buckets up to 5e8 elements), far beyond the plan's message sizes, and
+    gloo/nccl bandwidth changes there (caches, chunking), so extrapolating would under-predict."""
+    from ..calibration.collectives import plan_jobs, torchrun_command
+    sizes = {k: BUCKET_ELEMENTS for k in ("allreduce", "allgather")}
+    jobs = plan_jobs(sizes, 1, nproc)
+    before = _stored_collectives(store, jobs)
+    if nproc < 2 or before == len(jobs):
+        return {"jobs": len(jobs), "already_stored": before, "measured": 0}
+    cmd = torchrun_command(nproc, store, sizes=BUCKET_ELEMENTS, master_port=0)
+    cmd += ["--ops", "allreduce", "allgather", "--quiet"]
+    launch(cmd, rank_env(device), store.with_suffix(".buckets.log"))
+    return {"jobs": len(jobs), "already_stored": before,
+            "measured": _stored_collectives(store, jobs) - before}
+
+
+# All-reduce and all-gather at gradient-bucket sizes (see run_bucket_collectives).
+BUCKET_ELEMENTS = (16777216, 67108864)

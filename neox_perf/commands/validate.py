@@ -1,0 +1,345 @@
+"""`neox-perf validate`: run the reference workload for real and hold the prediction against it.
+
+For each config (several YAML files merge into one, as for check): predict the iteration with
+the cluster profile, launch the NeoX-shaped workload under the real DeepSpeed engine with
+torchrun (calibration.validate_worker wraps it and times DeepSpeed's own phases on every rank),
+drop the warm-up iterations and compare.
+
+Measured seconds are per optimizer step and the *minimum* over the measured iterations of the
+slowest rank's time: timing noise on a shared machine only ever adds time (the same choice as
+the calibration's benchmarks); the median is reported beside it.
+
+Components are compared per pipeline stage in the terms both sides can see (measured: the
+split of each rank's fastest iteration):
+  forward   forward passes incl. the loss (PipelineEngine ForwardPass; DeepSpeedEngine.forward
+            + loss for pp = 0), without their tensor-parallel all-reduces
+  backward  backward passes incl. recompute, without all-reduces
+  tp_allreduce  the tensor-parallel all-reduces of forward, backward and recompute
+  p2p       pipeline send/recv instructions, including the time a stage waits in them
+  grad_sync ReduceTiedGrads + the data-parallel gradient all-reduce (allreduce_gradients)
+  optimizer the optimizer step (with its grad-norm all-reduce and ZeRO's all-gather, and,
+            predicted, the wait for the slowest stage before it)
+  other     measured only: the iteration minus all of the above (schedule, data, loss
+            reduction); the model has no term for it, so it is the framework overhead.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence
+
+from .. import exitcodes
+from ..calibration.launch import CACHING_MALLOC_ENV, cuda_available, free_port, has_module
+from ..errors import ConfigError, NeoxPerfError, UsageError
+
+WARMUP_ITERATIONS = 2
+COMPONENTS = ("forward", "backward", "tp_allreduce", "p2p", "grad_sync", "optimizer", "other")
+LAUNCH_TIMEOUT_S = 3600.0
+Progress = Callable[[float, float, str], None]
+
+
+class LaunchFailed(NeoxPerfError):
+    """The workload launch failed: one line with the reason and where the log is."""
+
+
+@dataclass
+class ConfigValidation:
+    config: List[str]
+    layout: Dict[str, object]
+    predicted_seconds: float
+    measured_seconds: float  # min over the measured iterations of the slowest rank
+    measured_median_seconds: float
+    iterations: int
+    warmup: int
+    components: List[Dict[str, object]]  # per component: predicted / measured seconds, error
+    stages: List[Dict[str, object]]  # per stage, per component: predicted / measured
+    notes: List[str] = field(default_factory=list)
+
+    @property
+    def error(self) -> float:
+        return self.predicted_seconds / self.measured_seconds - 1.0
+
+    def to_dict(self) -> dict:
+        return {"config": self.config, "layout": self.layout,
+                "predicted_seconds": self.predicted_seconds,
+                "measured_seconds": self.measured_seconds,
+                "measured_median_seconds": self.measured_median_seconds,
+                "error": self.error, "iterations": self.iterations, "warmup": self.warmup,
+                "components": self.components, "stages": self.stages, "notes": self.notes}
+
+
+@dataclass
+class ValidateResult:
+    cluster: str
+    gpus: int
+    results: List[ConfigValidation] = field(default_factory=list)
+    command: str = "validate"
+    render_hint: str = "validate_text"
+    exit_code: int = exitcodes.OK
+
+    @property
+    def mape(self) -> Optional[float]:
+        if not self.results:
+            return None
+        return sum(abs(r.error) for r in self.results) / len(self.results)
+
+    @property
+    def max_abs_error(self) -> Optional[float]:
+        return max((abs(r.error) for r in self.results), default=None)
+
+    def to_dict(self) -> dict:
+        return {"cluster": self.cluster, "gpus": self.gpus,
+                "results": [r.to_dict() for r in self.results],
+                "mean_absolute_percentage_error": None if self.mape is None else 100 * self.mape,
+                "max_absolute_percentage_error": None if self.max_abs_error is None
+                else 100 * self.max_abs_error}
+
+
+# -- prediction -----------------------------------------------------------------------------
+
+@dataclass
+class Prediction:
+    cfg: object
+    vocab: int
+    estimate: object
+    decomposition: object
+    precision: str  # what the run really computes in
+
+
+def run_precision(cfg, device_type: str) -> str:
+    # The workload runs fp32 on a CPU whatever the config asks (calibration/workload/ds_config).
+    from ..calibration.workload.ds_config import run_precision as workload_precision
+    return workload_precision(cfg, device_type)
+
+
+def predict(configs: Sequence[str], gpus: int, profile, vocab_size: Optional[int],
+            device_type: str) -> Prediction:
+    from ..config import WorldRequest, build, load_files, raw_vocab
+    from ..derive import derive
+    from ..estimate import estimate
+    from ..operators import StageShape, decompose
+
+    raw = load_files(list(configs))
+    cfg, verdicts, _ = build(raw, WorldRequest(gpus=gpus),
+                             cluster_gpus_per_node=profile.facts.gpus_per_node)
+    errors = [v for v in verdicts if v.level == "error"]
+    if errors:
+        raise ConfigError(errors[0].line())
+    vocab_source = cfg.sources.get("vocab_file")
+    search = [os.path.dirname(vocab_source)] if vocab_source else []
+    vocab = raw_vocab(cfg.model.tokenizer_type, cfg.model.vocab_file, vocab_size, search).size
+    from ..calibration.workload.dims import from_neox
+    try:  # before launching: what the reference workload cannot reproduce, in one line
+        from_neox(cfg, vocab)
+    except ValueError as exc:
+        raise ConfigError(str(exc), file=configs[-1]) from None
+    derived = derive(cfg, vocab, None)
+    last = len(derived.stages) - 1
+    shapes = [StageShape(index=s.index, transformer_layers=s.transformer_layers,
+                         has_embedding=s.index == 0, has_head=s.index == last,
+                         params_per_rank=s.params_per_rank) for s in derived.stages]
+    precision = run_precision(cfg, device_type)
+    decomp = decompose(cfg, derived.padded_vocab, shapes, precision=precision)
+    return Prediction(cfg, vocab, estimate(decomp, profile), decomp, precision)
+
+
+_PREDICTED_KIND = {"forward": "forward", "backward": "backward", "send_act": "p2p",
+                   "send_grad": "p2p", "send_wait": "p2p", "recv_wait": "p2p",
+                   "tied_wait": "grad_sync", "tied_allreduce": "grad_sync",
+                   "grad_allreduce": "grad_sync", "sync_wait": "optimizer",
+                   "optimizer": "optimizer", "allgather": "optimizer"}
+
+
+def _tp_seconds(work, profile, engine=None) -> tuple:
+    """(forward, backward) tensor-parallel all-reduce seconds of one micro-batch on a stage, as
+    the estimate counts them; recomputed forwards reduce again, inside backward."""
+    def one(c):
+        measured = engine.tp_allreduce(c) if engine is not None else None
+        if measured is not None:
+            return measured
+        return profile.predict_collective(c.kind, c.elements, c.nodes, c.gpus_per_node).seconds
+
+    def comm(calls):
+        return sum(one(c) * c.count for c in calls if getattr(c, "purpose", None) == "mp_allreduce")
+    n, layer_f = work.transformer_layers, comm(work.layer_forward)
+    return (n * layer_f + comm(work.forward),
+            n * comm(work.layer_backward) + work.recompute_layers * layer_f + comm(work.backward))
+
+
+def predicted_stage_components(est, decomp=None, profile=None) -> List[Dict[str, float]]:
+    stages = [dict.fromkeys(COMPONENTS, 0.0) for _ in est.stages]
+    for ev in est.timeline.events:
+        stages[ev.stage][_PREDICTED_KIND[ev.kind]] += ev.end - ev.start
+    if decomp is not None and profile is not None:
+        from ..estimate import EngineTerms
+        engine = EngineTerms.of(profile, decomp)
+        for comp, work in zip(stages, decomp.stages):
+            tp_f, tp_b = (decomp.micro_batches * t for t in _tp_seconds(work, profile, engine))
+            comp["forward"] -= tp_f
+            comp["backward"] -= tp_b
+            comp["tp_allreduce"] = tp_f + tp_b
+    return stages
+
+
+# -- measurement ----------------------------------------------------------------------------
+
+def measured_stage_components(phases: Dict[int, List[dict]], ranks: List[dict],
+                              warmup: int) -> List[Dict[str, float]]:
+    """Per stage, per component: each rank's split of its fastest measured iteration (the
+    parts add up to it; a wait and the work it waits for come from the same iteration),
+    averaged over the stage's ranks (its tensor- and data-parallel replicas)."""
+    by_stage: Dict[int, List[Dict[str, float]]] = {}
+    for rank in ranks:
+        iters = phases.get(rank["rank"], [])[warmup:]
+        if not iters:
+            continue
+        fastest = min(iters, key=lambda it: it["iteration"])
+        parts = {c: fastest.get(c, 0.0) for c in COMPONENTS if c != "other"}
+        parts["other"] = max(fastest["iteration"] - sum(parts.values()), 0.0)
+        by_stage.setdefault(rank["stage"], []).append(parts)
+    return [{c: statistics.fmean(r[c] for r in by_stage[s]) for c in COMPONENTS}
+            for s in sorted(by_stage)]
+
+
+def _component_rows(pred: List[Dict[str, float]], meas: List[Dict[str, float]]) -> List[dict]:
+    rows = []
+    for c in COMPONENTS:
+        p = max((s[c] for s in pred), default=0.0)
+        m = max((s[c] for s in meas), default=0.0)
+        rows.append({"component": c, "predicted_seconds": p, "measured_seconds": m,
+                     "error": (p / m - 1.0) if m > 0 else None})
+    return rows
+
+
+def launch_command(nproc: int, configs: Sequence[str], iters: int, vocab: int, out: Path,
+                   phases_dir: Path, port: int) -> List[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+            "--master_port", str(port), "-m", "neox_perf.calibration.validate_worker", "--phases-dir", str(phases_dir), "--",
+            "--config", *map(str, configs), "--iters", str(iters), "--vocab-size", str(vocab),
+            "--out", str(out), "--no-deterministic"]
+
+
+def run_workload(configs: Sequence[str], nproc: int, iters: int, vocab: int, workdir: Path,
+                 progress: Optional[Progress] = None, label: str = "") -> dict:
+    """Launch the instrumented workload; return its result dict with "phases" added."""
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun would; a CPU rank must not oversubscribe
+    env.setdefault("MASTER_ADDR", "127.0.0.1")
+    if not cuda_available():
+        env.update(CACHING_MALLOC_ENV)
+    log = workdir / "launch.log"
+    for attempt in range(3):
+        out, phases_dir = workdir / "result.json", workdir / f"phases{attempt}"
+        phases_dir.mkdir(parents=True, exist_ok=True)
+        cmd = launch_command(nproc, configs, iters, vocab, out, phases_dir, free_port())
+        with open(log, "w") as fh:
+            proc = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=workdir)
+            _watch(proc, phases_dir / "progress", iters, progress, label)
+        text = log.read_text(errors="replace")
+        # the port can be taken between our probe and the rendezvous: the one retry worth making
+        if proc.returncode == 0 or "EADDRINUSE" not in text and "address already in use" not in text:
+            break
+    if proc.returncode != 0 or not out.is_file():
+        tail = [line for line in text.splitlines() if line.strip()][-3:]
+        raise LaunchFailed(f"workload launch failed (exit {proc.returncode}): "
+                           f"{' | '.join(t.strip() for t in tail)[-400:]} (full log: {log})")
+    result = json.loads(out.read_text())
+    result["phases"] = {int(p.stem.split(".")[-1]): json.loads(p.read_text())
+                        for p in phases_dir.glob("rank.*.json")}
+    return result
+
+
+def _watch(proc, progress_file: Path, iters: int, progress: Optional[Progress], label: str) -> None:
+    started = time.monotonic()
+    while True:
+        try:
+            proc.wait(timeout=0.5)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+        if time.monotonic() - started > LAUNCH_TIMEOUT_S:
+            proc.kill()
+            proc.wait()
+            return
+        if progress is not None:
+            try:
+                done = len(progress_file.read_text().split())
+            except OSError:
+                done = 0
+            progress(done, iters, label if done else f"{label} (starting)")
+
+
+# -- the command ----------------------------------------------------------------------------
+
+def _layout(cfg) -> Dict[str, object]:
+    m, p, t = cfg.model, cfg.parallel, cfg.training
+    return {"pp": p.pipe_parallel_size, "mp": p.model_parallel_size, "dp": p.data_parallel_size,
+            "micro_batch": t.micro_batch_size, "grad_accum": t.gradient_accumulation_steps,
+            "seq": m.seq_length, "hidden": m.hidden_size, "layers": m.num_layers,
+            "heads": m.num_attention_heads, "recompute": t.checkpoint_activations,
+            "norm": m.norm, "attention": "flash" if m.uses_flash else "unfused",
+            "zero": t.zero_stage}
+
+
+def validate_one(configs: Sequence[str], gpus: int, profile, iters: int,
+                 vocab_size: Optional[int] = None, progress: Optional[Progress] = None,
+                 workdir: Optional[Path] = None) -> ConfigValidation:
+    device_type = "cuda" if cuda_available() else "cpu"
+    pred = predict(configs, gpus, profile, vocab_size, device_type)
+    label = Path(configs[-1]).stem
+    own = workdir is None
+    work = Path(tempfile.mkdtemp(prefix="neox-perf-validate-")) if own else Path(workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    run = run_workload([os.path.abspath(c) for c in configs], gpus, WARMUP_ITERATIONS + iters,
+                       pred.vocab, work, progress, label)
+    per_iter = run["seconds_per_iter"][WARMUP_ITERATIONS:]
+    pred_stages = predicted_stage_components(pred.estimate, pred.decomposition, profile)
+    meas_stages = measured_stage_components(run["phases"], run["ranks"], WARMUP_ITERATIONS)
+    stages = [{"stage": s, **{f"{c}_predicted": p[c] for c in COMPONENTS},
+               **{f"{c}_measured": m.get(c, 0.0) for c in COMPONENTS}}
+              for s, (p, m) in enumerate(zip(pred_stages, meas_stages))]
+    notes = list(pred.decomposition.notes) + list(run.get("notes", []))
+    notes += [f"{f.what}: {f.reason}" for f in pred.estimate.flags]
+    if own:
+        import shutil
+        shutil.rmtree(work, ignore_errors=True)
+    return ConfigValidation(
+        config=[str(c) for c in configs], layout={**_layout(pred.cfg), "precision": pred.precision,
+                                                  "vocab": pred.vocab},
+        predicted_seconds=pred.estimate.iteration_seconds, measured_seconds=min(per_iter),
+        measured_median_seconds=statistics.median(per_iter), iterations=len(per_iter),
+        warmup=WARMUP_ITERATIONS, components=_component_rows(pred_stages, meas_stages),
+        stages=stages, notes=list(dict.fromkeys(notes)))
+
+
+def _load_profile(name):
+    from ..predictors.profile import load_profile
+    try:
+        return load_profile(name)
+    except Exception as exc:
+        line = getattr(exc, "line", None)
+        raise UsageError(line() if callable(line) else str(exc)) from None
+
+
+def run_validate(args, progress: Optional[Progress] = None) -> ValidateResult:
+    """args: configs, gpus, cluster, iters, vocab_size (optional), workdir (optional)."""
+    for path in args.configs:
+        if not os.path.isfile(path):
+            raise UsageError(f"{path}: no such config file")
+    if not has_module("deepspeed"):  # fail here, in one line, not in N ranks
+        raise UsageError("validate runs the workload under DeepSpeed: pip install 'neox-perf[runtime]'") from None
+    profile = _load_profile(args.cluster)
+    iters = int(getattr(args, "iters", None) or 10)
+    result = ValidateResult(cluster=profile.name, gpus=args.gpus)
+    workdir = getattr(args, "workdir", None)
+    result.results.append(validate_one(args.configs, args.gpus, profile, iters,
+                                       getattr(args, "vocab_size", None), progress,
+                                       Path(workdir) if workdir else None))
+    return result

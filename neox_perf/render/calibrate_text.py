@@ -1,0 +1,76 @@
+"""Text for `neox-perf calibrate`: what was measured, where the profile went, how well it fits."""
+from __future__ import annotations
+
+from rich.table import Table
+
+
+def _pct(v) -> str:
+    return "-" if v is None else f"{100 * v:.1f}"
+
+
+def _secs(v) -> str:
+    return f"{v:.0f} s" if v >= 10 else f"{v:.1f} s"
+
+
+def _summary(result, console) -> None:
+    op, coll, eng, sec = result.operators, result.collectives, result.engine, result.seconds
+    console.print(f"[bold]Profile[/bold] {result.cluster} -> {result.profile_path}")
+    console.print(f"store {result.store} (plan {result.plan}, {result.device}, {op.get('dtype')}, "
+                  f"{op.get('threads')} thread(s))")
+    console.print(f"operators: {op.get('measured', 0)} measured, {op.get('already_stored', 0)} already stored, "
+                  f"{len(op.get('failed', []))} failed of {op.get('points', 0)} ({_secs(sec.get('operators', 0.0))})")
+    if "skipped" in coll:
+        console.print(f"collectives: skipped ({coll['skipped']})")
+    else:
+        extra = coll.get("buckets", {})
+        console.print(f"collectives: {coll.get('measured', 0) + extra.get('measured', 0)} measured, "
+                      f"{coll.get('already_stored', 0) + extra.get('already_stored', 0)} already stored "
+                      f"on {coll.get('processes')} processes ({_secs(sec.get('collectives', 0.0))})")
+    if eng:
+        console.print(f"engine: {eng.get('measured', 0)} shapes measured, {eng.get('already_stored', 0)} "
+                      f"already stored ({_secs(sec.get('engine', 0.0))})")
+    facts = result.facts
+    if facts:
+        console.print(f"facts: {facts['gpu_name']}, {facts['gpu_memory_bytes'] / 2**30:.0f} GiB, "
+                      f"{facts['gpus_per_node']} per node, {facts['intra_node_link']['name']}")
+
+
+def render(result, console) -> None:
+    _summary(result, console)
+    ops = Table(title=f"Validation error per operator, MAPE % on a seeded 80/20 split (fit "
+                      f"{_secs(result.seconds.get('fit', 0.0))})", title_justify="left")
+    for col in ("op", "phase", "rows", "baseline", "+trees", "chosen", "model"):
+        ops.add_column(col, justify="left" if col in ("op", "phase", "model") else "right")
+    engine = []
+    for row in sorted(result.fit, key=lambda r: (r["phase"] == "comm", r["op"], r["phase"] != "fwd")):
+        if row["op"].startswith("engine "):
+            engine.append(row)
+            continue
+        v = row["validation_mape"]
+        if row["model"] == "derived":
+            ops.add_row(row["op"], row["phase"], "-", "-", "-", "-", f"from {row['note']}")
+        elif v.get("chosen") is None:  # too few rows to hold any back
+            ops.add_row(row["op"], row["phase"], str(row["rows"]), "-", "-", "-",
+                        f"baseline (in-sample {_pct(v.get('baseline_in_sample'))})")
+        else:
+            ops.add_row(row["op"], row["phase"], str(row["rows"]), _pct(v.get("baseline")),
+                        _pct(v.get("baseline_plus_trees")), _pct(v.get("chosen")), row["model"])
+    console.print(ops)
+    if engine:
+        table = Table(title="Engine terms (what a DeepSpeed step adds to the operators), MAPE %",
+                      title_justify="left")
+        for col in ("term", "rows", "operators alone", "with the term", "what"):
+            table.add_column(col, justify="left" if col in ("term", "what") else "right")
+        for row in engine:
+            v = row["validation_mape"]
+            table.add_row(row["op"][len("engine "):], str(row["rows"]), _pct(v.get("baseline")),
+                          _pct(v.get("chosen")), row["note"])
+        console.print(table)
+    for note in result.notes:
+        console.print(f"note: {note}")
+    failed = result.operators.get("failed") or []
+    for f in failed[:5]:
+        console.print(f"[yellow]not measured[/yellow]: {f['point']}: {f['reason']}")
+    if len(failed) > 5:
+        console.print(f"... and {len(failed) - 5} more (see --json)")
+    console.print(f"use it: neox-perf check CONFIG --cluster {result.cluster}")

@@ -1,0 +1,38 @@
+"""The engine calibration's own processes: DeepSpeed engines per shape in lockstep, and the in-training
+tensor-parallel all-reduce under torchrun. Real runs, on tiny shapes."""
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("deepspeed")
+
+from neox_perf.calibration.engine import run_engine
+from neox_perf.calibration.tp_allreduce import run_tp_benchmark  # noqa: E402
+
+TINY_SHAPE = (64, 32, 1, "layernorm", "global", 256)
+
+
+def test_engine_worker_measures_and_resumes(tmp_path):
+    path = tmp_path / "engine.json"
+    seen = []
+    # two processes in lockstep, as calibrate runs them for two "GPUs"
+    info = run_engine(path, "cpu", progress=lambda *a: seen.append(a), shapes=(TINY_SHAPE,), nproc=2)
+    assert info == {"shapes": 1, "already_stored": 0, "measured": 1, "processes": 2}
+    row = next(iter(json.loads(path.read_text())["shapes"].values()))
+    assert row["precision"] == "fp32" and row["layers"] == 2 and row["tensors"] == 2 * 12 + 1 + 2 + 1
+    for key in ("forward", "layer_forward", "backward", "layer_backward", "step", "flatten", "accumulate"):
+        assert row[key] > 0, key
+    assert row["layer_forward"] < row["forward"] and row["layer_backward"] < row["backward"]
+    assert seen[-1][0] == seen[-1][1] == 1
+    assert json.loads(path.read_text())["processes"] == 2
+    assert run_engine(path, "cpu", shapes=(TINY_SHAPE,))["measured"] == 0
+
+
+def test_tensor_parallel_allreduce_in_training(tmp_path):
+    path = tmp_path / "tp.json"
+    assert run_tp_benchmark(path, 2, "cpu") == {"sizes": 5}
+    data = json.loads(path.read_text())
+    assert data["processes"] == 2 and len(data["mean"]) == len(data["elements"])
+    assert all(m > 0 and med > 0 for m, med in zip(data["mean"], data["median"]))
+    assert run_tp_benchmark(tmp_path / "x.json", 1, "cpu") == {"skipped": "one process"}

@@ -1,0 +1,79 @@
+"""The estimate adds a profile's engine terms, and only where they were measured."""
+import copy
+
+import pytest
+
+from neox_perf.config import WorldRequest, build, load_files
+from neox_perf.derive import derive
+from neox_perf.estimate import estimate
+from neox_perf.operators import StageShape, decompose
+from neox_perf.predictors import load_profile
+
+ENGINE = {
+    "precision": "fp32",
+    "layer_forward": {"seconds": 1e-3, "per_unit": 0.5, "feature": "operators"},
+    "layer_backward": {"seconds": 0.0, "per_unit": 0.0, "feature": "operators"},
+    "other_forward": {"seconds": 0.0, "per_unit": 0.0, "feature": "logits"},
+    "other_backward": {"seconds": 0.0, "per_unit": 0.0, "feature": "logits"},
+    "optimizer_step": {"coef": {"t0": 0.5, "per_tensor": 0.0, "per_param": 0.0}},
+    "grad_flatten": {"coef": {"t0": 0.25, "per_param": 0.0}},
+    "grad_accumulate": {"coef": {"per_tensor": 0.0, "per_param": 0.0}},
+}
+
+
+class _WithEngine:
+    """The bundled profile, with an engine section added to its manifest."""
+
+    def __init__(self, profile, engine):
+        self._p = profile
+        self.manifest = {**profile.manifest, "engine": engine}
+
+    def __getattr__(self, name):
+        return getattr(self._p, name)
+
+
+def _decomp(write_yaml, precision, zero=0):
+    path = write_yaml("c.yml", f"""
+num_layers: 4
+hidden_size: 256
+num_attention_heads: 4
+seq_length: 128
+max_position_embeddings: 128
+train_micro_batch_size_per_gpu: 2
+gradient_accumulation_steps: 2
+pipe_parallel_size: 1
+zero_optimization: {{stage: {zero}}}
+""")
+    cfg, _, _ = build(load_files([path]), WorldRequest(gpus=1), cluster_gpus_per_node=4)
+    d = derive(cfg, 50257)
+    shapes = [StageShape(s.index, s.transformer_layers, True, True, s.params_per_rank) for s in d.stages]
+    return decompose(cfg, d.padded_vocab, shapes, precision=precision)
+
+
+def test_engine_terms_apply_when_the_precision_matches(write_yaml):
+    bundled = load_profile("perlmutter-a100")
+    plain = estimate(_decomp(write_yaml, "fp32"), bundled)
+    engine = estimate(_decomp(write_yaml, "fp32"), _WithEngine(bundled, ENGINE))
+    p, e = plain.stages[0], engine.stages[0]
+    assert e.layer_forward == pytest.approx(1.5 * p.layer_forward + 1e-3, rel=1e-6)
+    assert e.layer_backward == pytest.approx(p.layer_backward)
+    assert e.optimizer == 0.5 and e.grad_allreduce == pytest.approx(p.grad_allreduce + 0.25)
+    assert engine.iteration_seconds > plain.iteration_seconds and e.engine > 0.75
+    other = estimate(_decomp(write_yaml, "fp16"), _WithEngine(bundled, ENGINE))
+    assert other.iteration_seconds == pytest.approx(estimate(_decomp(write_yaml, "fp16"), bundled).iteration_seconds)
+
+
+def test_zero_keeps_the_operator_optimizer(write_yaml):
+    bundled = load_profile("perlmutter-a100")
+    e = estimate(_decomp(write_yaml, "fp32", zero=1), _WithEngine(bundled, copy.deepcopy(ENGINE))).stages[0]
+    p = estimate(_decomp(write_yaml, "fp32", zero=1), bundled).stages[0]
+    assert e.optimizer == pytest.approx(p.optimizer) and e.grad_allreduce == pytest.approx(p.grad_allreduce)
+
+
+def test_precision_reaches_the_decomposition(write_yaml):
+    d = _decomp(write_yaml, "fp32")
+    assert d.precision == "fp32" and d.dtype_bytes == 4 and d.zero_stage == 0
+    assert not d.notes  # an explicit precision is the caller's word, no fp16-sample note
+    w = d.stages[0]
+    assert w.param_tensors == 4 * 12 + 1 + 1 + 2 and w.logits_elements == 256 * 50304
+    assert w.activation_elements == 256 * (256 + 1024)
