@@ -39,3 +39,25 @@ def write_yaml(tmp_path):
         path.write_text(text)
         return str(path)
     return write
+
+
+@pytest.fixture
+def sigkill_once():
+    """sigkill_once(proc, ready, seconds): SIGKILL ``proc`` as soon as ``ready()`` is true
+    (for the kill-and-resume tests); fails if the process ends or never gets there."""
+    import signal
+    import time
+
+    def kill(proc, ready, seconds=120.0):
+        deadline = time.monotonic() + seconds
+        try:
+            while time.monotonic() < deadline:
+                if ready():
+                    return
+                assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else proc.returncode
+                time.sleep(0.01)
+            pytest.fail("the process never got far enough to be killed")
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+    return kill

@@ -1,10 +1,8 @@
 import os
-import signal
 import sqlite3
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
@@ -97,29 +95,19 @@ def _rows(path):
         conn.close()
 
 
-def test_kill_midway_then_rerun_leaves_a_correct_store(tmp_path, tiny_plan):
+def test_kill_midway_then_rerun_leaves_a_correct_store(tmp_path, tiny_plan, sigkill_once):
     store_path = str(tmp_path / "cal.sqlite")
     script = tmp_path / "killable.py"
     script.write_text(KILLABLE)
     total = len(load_plan(tiny_plan))
     proc = subprocess.Popen([sys.executable, str(script), tiny_plan, store_path],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 60
-    try:
-        while time.monotonic() < deadline:
-            if os.path.exists(store_path):
-                try:
-                    if len(_rows(store_path)) >= 5:
-                        break
-                except sqlite3.OperationalError:  # schema not created yet
-                    pass
-            assert proc.poll() is None, proc.stderr.read().decode()
-            time.sleep(0.02)
-        else:
-            pytest.fail("calibration never got going")
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+    def ready():
+        try:
+            return os.path.exists(store_path) and len(_rows(store_path)) >= 5
+        except sqlite3.OperationalError:  # schema not created yet
+            return False
+    sigkill_once(proc, ready, 60)
     before = _rows(store_path)
     assert 5 <= len(before) < total, "killed too late to test a resume"
 
