@@ -5,8 +5,8 @@
 One process (world size 1, gloo, CPU): a DeepSpeedEngine training an MLP with gradient
 accumulation, so every iteration passes the hook's forward/backward/step/allreduce wrappers
 GAS times, syncs the clock, appends the iteration line and steps the (idle) profiler; the
-profiling schedule is set so that no window ever opens. Plain and hooked rounds alternate
-(unwrapping and rewrapping the same engine) and the median iteration of each is compared.
+profiling schedule is set so that no window ever opens. Plain and hooked rounds alternate in
+ABBA order (unwrapping and rewrapping the same engine) and the median iteration of each is compared.
 
 On a shared 2-core machine iteration times wander by more than 1%, so the script also times
 the hook's own machinery directly: the same wrappers around an engine whose methods do
@@ -125,11 +125,15 @@ def main() -> int:
         engine_patch.unwrap_engine(engine)
         _iterations(engine, 5, args.width)  # warm-up
         plain, hooked = [], []
-        for _ in range(args.rounds):
-            plain += _iterations(engine, args.iters, args.width)
-            engine_patch.wrap_engine(engine, session)
-            hooked += _iterations(engine, args.iters, args.width)
-            engine_patch.unwrap_engine(engine)
+        for r in range(args.rounds):
+            # ABBA order: whichever runs second in a round must not always be the hooked one
+            for hooked_now in ((False, True) if r % 2 == 0 else (True, False)):
+                if hooked_now:
+                    engine_patch.wrap_engine(engine, session)
+                    hooked += _iterations(engine, args.iters, args.width)
+                    engine_patch.unwrap_engine(engine)
+                else:
+                    plain += _iterations(engine, args.iters, args.width)
         cost = _machinery(session, args.gas, 2000)
         session.finish()
     p, h = statistics.median(plain), statistics.median(hooked)

@@ -138,8 +138,11 @@ def predict_call(profile, op: str, phase: str, features: Dict[str, float],
     from neox_perf import opspec
     try:
         if op in opspec.COLLECTIVES:
-            # The profiles count fp16 elements; a wider dtype moves proportionally more bytes.
-            scale = {"fp32": 2.0, "fp64": 4.0}.get(dtype, 1.0)
+            # A profile counts elements of the dtype its collectives were measured in; another
+            # dtype moves proportionally more or fewer bytes.
+            width = {"fp16": 2, "bf16": 2, "fp32": 4, "fp64": 8}
+            scale = (width.get(dtype, 2)
+                     / width.get(getattr(profile, "collective_dtype", "fp16"), 2))
             gpn = int(features["gpus_per_node"])
             if gpn > profile.facts.gpus_per_node:
                 return None, f"{gpn} ranks per node > the profile's {profile.facts.gpus_per_node}"

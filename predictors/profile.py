@@ -77,6 +77,9 @@ class ClusterProfile:
         self.manifest = manifest
         self.name: str = manifest["name"]
         self.facts: ClusterFacts = ClusterFacts.from_dict(manifest["facts"])
+        # Collective samples count elements of the dtype they were measured in: fp16 for the
+        # published NCCL samples, the calibration's dtype for a profile of your own.
+        self.collective_dtype: str = (manifest.get("calibration") or {}).get("dtype") or "fp16"
         self._ops: Dict[Tuple[str, str], Model] = {}
         self._colls: Dict[str, Model] = {}
         self._cache: Dict[tuple, Prediction] = {}
