@@ -9,6 +9,12 @@ batches. This step runs the reference workload's own model under a one-process D
 engine at the shapes below (never the validation configs) and records what each part took;
 predictors.local turns the differences from the operator predictions into the profile's
 "engine" terms. The measuring runs in its own processes: python -m neox_perf.calibration.engine.
+
+A second pass runs the same shapes under DeepSpeed's ZeRO stage-1 optimizer, the processes
+forming one data-parallel group (see _measure_zero): that optimizer does different work from
+the plain one -- it copies every gradient into a reduce bucket, all-reduces it whole, keeps
+its own partition, steps one flat fp32 partition and all-gathers the updated parameters --
+and its collectives move the whole model at once, far beyond the collective benchmark's sizes.
 """
 from __future__ import annotations
 
@@ -44,7 +50,7 @@ def engine_path(store: Path) -> Path:
     return store.with_suffix(".engine.json")
 
 
-def engine_keys(shape, layers: int) -> Dict[str, object]:
+def engine_keys(shape, layers: int, zero: int = 0) -> Dict[str, object]:
     hidden, seq, micro, norm, attention, _vocab = shape
     keys = {"pipe_parallel_size": 0, "model_parallel_size": 1, "num_layers": layers,
             "hidden_size": hidden, "num_attention_heads": hidden // 64, "seq_length": seq,
@@ -54,12 +60,18 @@ def engine_keys(shape, layers: int) -> Dict[str, object]:
             "optimizer": {"type": "Adam", "params": {"lr": 0.0001}}}
     if attention == "flash":
         keys["attention_config"] = [[["flash"], layers]]
+    if zero:
+        # DeepSpeed's own defaults for the rest, as a NeoX config giving only the stage gets
+        keys["zero_optimization"] = {"stage": zero}
     return keys
 
 
 def engine_label(shape, layers: int) -> str:
     hidden, seq, micro, norm, attention, vocab = shape
     return f"d{hidden} l{seq} b{micro} {norm} {attention} V{vocab} x{layers}"
+
+
+ZERO_STAGE = 1  # the second pass; stage 2 runs the same optimizer class
 
 
 def run_engine(path: Path, device: str, progress=None, shapes=ENGINE_SHAPES,
@@ -69,24 +81,52 @@ def run_engine(path: Path, device: str, progress=None, shapes=ENGINE_SHAPES,
     ``nproc`` processes run the same models in lockstep (a barrier before every timed phase),
     each with its own one-process engine, and the first one records: in training every
     device steps at once, and devices that share a memory system (CPU "GPUs") slow each
-    other down in the memory-bound phases -- measured here, not assumed."""
+    other down in the memory-bound phases -- measured here, not assumed. Then the ZeRO pass:
+    the same shapes, the ``nproc`` processes one data-parallel group of a ZeRO-1 engine."""
     todo = [(s, n) for s in shapes for n in ENGINE_DEPTHS]
-    have = json.loads(path.read_text()).get("shapes", {}) if path.is_file() else {}
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    have, have_zero = data.get("shapes", {}), data.get("zero", {})
     before = sum(engine_label(s, n) in have for s, n in todo)
-    cmd = [sys.executable, "-m", __name__, str(path), "--device", device,
-           "--peers", str(nproc), "--barrier-port", str(free_port())]
-    if tuple(shapes) != ENGINE_SHAPES:
-        cmd += ["--shapes", json.dumps([list(s) for s in shapes])]
-    done = before
+    before_zero = sum(engine_label(s, n) in have_zero for s, n in todo)
+    done = [before + before_zero]
+    total = 2 * len(todo)
     if progress is not None:
-        progress(done, len(todo), "starting")
-    logs = [path.with_suffix(f".{peer}.log") for peer in range(nproc)]
-    procs = []
+        progress(done[0], total, "starting")
+
+    def measured(line: str) -> None:
+        done[0] += 1
+        if progress is not None:
+            progress(done[0], total, line)
+
+    extra = ["--shapes", json.dumps([list(s) for s in shapes])] if tuple(shapes) != ENGINE_SHAPES else []
+    plain = _run_peers(path, device, nproc, extra, measured, zero=0)
+    zero = _run_peers(path, device, nproc, extra, measured, zero=ZERO_STAGE)
+    return {"shapes": len(todo), "already_stored": before, "measured": plain, "processes": nproc,
+            "zero": {"stage": ZERO_STAGE, "already_stored": before_zero, "measured": zero}}
+
+
+def _run_peers(path: Path, device: str, nproc: int, extra: List[str], measured, zero: int) -> int:
+    """One pass over the shapes in ``nproc`` processes, calling ``measured(label)`` per stored
+    shape; returns how many were stored. Plain pass: each process a world of one (its engine
+    must not reduce across them). ZeRO pass: one world of ``nproc``, the data-parallel group
+    the optimizer partitions over."""
+    cmd = [sys.executable, "-m", __name__, str(path), "--device", device,
+           "--peers", str(nproc), "--barrier-port", str(free_port()), *extra]
+    if zero:
+        cmd += ["--zero", str(zero)]
+    tag = "zero." if zero else ""
+    logs = [path.with_suffix(f".{tag}{peer}.log") for peer in range(nproc)]
+    master = str(free_port())
+    procs, count = [], 0
     try:
         for peer in range(nproc):
             env = rank_env(device)
-            env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0",
-                       WORLD_SIZE="1", LOCAL_RANK=str(peer), LOCAL_WORLD_SIZE="1")
+            if zero:
+                env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=master, RANK=str(peer),
+                           WORLD_SIZE=str(nproc), LOCAL_RANK=str(peer), LOCAL_WORLD_SIZE=str(nproc))
+            else:
+                env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0",
+                           WORLD_SIZE="1", LOCAL_RANK=str(peer), LOCAL_WORLD_SIZE="1")
             out = subprocess.PIPE if peer == 0 else open(logs[peer], "w")
             procs.append(subprocess.Popen(cmd + ["--peer", str(peer)], env=env, stdout=out,
                                           stderr=subprocess.STDOUT, text=True))
@@ -94,9 +134,8 @@ def run_engine(path: Path, device: str, progress=None, shapes=ENGINE_SHAPES,
             for line in procs[0].stdout:
                 fh.write(line)
                 if line.startswith("measured "):
-                    done += 1
-                    if progress is not None:
-                        progress(done, len(todo), line[len("measured "):].strip())
+                    count += 1
+                    measured(line[len("measured "):].strip())
         codes = [p.wait() for p in procs]
     finally:
         for p in procs:  # a failed peer would leave the others waiting at a barrier
@@ -106,10 +145,10 @@ def run_engine(path: Path, device: str, progress=None, shapes=ENGINE_SHAPES,
     if any(codes):
         peer = next(i for i, c in enumerate(codes) if c)
         text = logs[peer].read_text(errors="replace").strip().splitlines()
-        raise CalibrationFailed(f"engine calibration failed (process {peer}, exit {codes[peer]}): "
+        what = f"ZeRO-{zero} engine" if zero else "engine"
+        raise CalibrationFailed(f"{what} calibration failed (process {peer}, exit {codes[peer]}): "
                                 f"{(text or ['no output'])[-1][-300:]} (log: {logs[peer]})")
-    return {"shapes": len(todo), "already_stored": before, "measured": done - before,
-            "processes": nproc}
+    return count
 
 
 class _Barrier:
@@ -137,7 +176,7 @@ class _Barrier:
 
 
 def _engine_worker(path: Path, device: str, todo=ENGINE_SHAPES, peer: int = 0, peers: int = 1,
-                   port: int = 0) -> int:
+                   port: int = 0, zero: int = 0) -> int:
 
     import deepspeed
     import torch
@@ -150,20 +189,30 @@ def _engine_worker(path: Path, device: str, todo=ENGINE_SHAPES, peer: int = 0, p
     deepspeed.init_distributed(dist_backend="nccl" if device.startswith("cuda") else "gloo")
     barrier = _Barrier(peer, peers, port)
     data = json.loads(path.read_text()) if path.is_file() else {}
-    shapes = data.setdefault("shapes", {})
-    data["device"], data["processes"] = device, peers
+    shapes = data.setdefault("zero" if zero else "shapes", {})
+    data["device"] = device
+    data["zero_processes" if zero else "processes"] = peers
     for shape in todo:
         for layers in ENGINE_DEPTHS:
             label = engine_label(shape, layers)
             if label in shapes:  # every peer read the same file: the same shapes are left
                 continue
-            row = _measure_engine(shape, layers, device, barrier)
+            if zero:
+                row = _measure_zero(shape, layers, device, barrier, peers, zero)
+            else:
+                row = _measure_engine(shape, layers, device, barrier)
             if peer == 0:
                 shapes[label] = row
                 tmp = path.with_suffix(".tmp")
                 tmp.write_text(json.dumps(data, indent=1))
                 os.replace(tmp, path)  # a kill loses at most the shape in flight
-                print(f"measured {label}", flush=True)
+                print(f"measured {f'ZeRO-{zero} ' if zero else ''}{label}", flush=True)
+    import torch.distributed as dist
+    if dist.is_initialized():
+        # gloo's threads must stop before the interpreter does (else abort at exit), and no
+        # peer may tear the group down while another is still in a collective
+        dist.barrier()
+        dist.destroy_process_group()
     return 0
 
 
@@ -266,10 +315,95 @@ def _measure_engine(shape, layers: int, device: str, barrier=lambda: None) -> Di
             "precision": run_precision(cfg, dev.type), **counts, **best}
 
 
-# A tensor-parallel all-reduce follows a block of compute on every rank, with no barrier: its
-# cost in training includes waiting for the slowest member (scheduling jitter, gloo's helper
-# threads sharing the cores), which the collective benchmark's barrier-aligned repetitions
-# leave out. This times it that way: a GEMM of a few milliseconds, then the all-reduce of a
+def _measure_zero(shape, layers: int, device: str, barrier, world: int, stage: int) -> Dict[str, object]:
+    """One shape under DeepSpeed's ZeRO optimizer, data parallel over the ``world`` peers.
+
+    Timed apart, as predictors.local fits them: the gradient reduction at the accumulation
+    boundary (engine.allreduce_gradients) and the optimizer step, each split into the time
+    inside its data-parallel collectives -- the all-reduce of the whole gradient, the
+    all-gather of the updated parameters -- and the rest, the optimizer's own work. A
+    one-element all-reduce (the gradient norm) stays with the rest: it is where the step
+    waits for the other ranks, as it does in training."""
+    import tempfile
+
+    import deepspeed
+    import deepspeed.comm as ds_comm
+    import torch
+
+    from .workload import dims
+    from .workload.data import SyntheticTokens
+    from .workload.ds_config import build_ds_config, run_precision
+    from .workload.model import SequentialModel, cross_entropy
+    from .workload.tensor_parallel import TPState, set_tp_state
+    from neox_perf.config import WorldRequest, build, load_files
+
+    keys, vocab = engine_keys(shape, layers, zero=stage), shape[-1]
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg_path = Path(tmp) / "engine.yml"
+        cfg_path.write_text(json.dumps(keys))
+        cfg, _, _ = build(load_files([str(cfg_path)]), WorldRequest(gpus=world))
+    dev = torch.device(device)
+    set_tp_state(TPState(init_device=str(dev)))
+    wc = dims.from_neox(cfg, vocab)
+    model = SequentialModel(wc, 0).to(dev)
+    ds_config, _ = build_ds_config(cfg, dev.type)
+    params = [p for p in model.parameters() if p.requires_grad]
+    counts = {"params": int(sum(p.numel() for p in params)), "tensors": len(params)}
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=ds_config)
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    clock = PhaseClock()
+    sizes: Dict[str, int] = {}
+
+    def collective(name, fn):
+        timed = clock.wrap(name, fn)
+
+        def run(*args, **kwargs):
+            tensor = kwargs.get("input_tensor", kwargs.get("tensor"))
+            if tensor is None:
+                tensor = args[1] if name == "allgather" else args[0]
+            if tensor.numel() <= 1:
+                return fn(*args, **kwargs)
+            sizes[name] = int(tensor.numel())  # per rank: the reduced tensor, the gathered chunk
+            return timed(*args, **kwargs)
+        return run
+
+    originals = {n: getattr(ds_comm, n) for n in ("all_reduce", "all_gather_into_tensor")}
+    ds_comm.all_reduce = collective("allreduce", originals["all_reduce"])
+    ds_comm.all_gather_into_tensor = collective("allgather", originals["all_gather_into_tensor"])
+    engine.allreduce_gradients = clock.wrap("reduce", engine.allreduce_gradients)
+    engine.step = clock.wrap("step", engine.step)
+    data = SyntheticTokens(wc.seed, vocab, wc.seq_length, cfg.training.micro_batch_size,
+                           int(os.environ.get("RANK", "0")), dev)
+    rows = []
+    try:
+        for it in range(ENGINE_WARMUP + ENGINE_REPEATS):
+            inputs, labels = data.micro_batch(it, 0)
+            barrier()
+            loss = cross_entropy(engine(inputs), labels)
+            sync()
+            barrier()
+            clock.current = {}
+            engine.backward(loss)
+            sync()
+            barrier()
+            reduce = dict(clock.current)
+            clock.current = {}
+            engine.step()
+            sync()
+            step = dict(clock.current)
+            rows.append({"reduce": reduce.get("reduce", 0.0), "allreduce": reduce.get("allreduce", 0.0),
+                         "step": step.get("step", 0.0), "allgather": step.get("allgather", 0.0)})
+    finally:
+        ds_comm.all_reduce = originals["all_reduce"]
+        ds_comm.all_gather_into_tensor = originals["all_gather_into_tensor"]
+    best = {k: min(r[k] for r in rows[ENGINE_WARMUP:]) for k in rows[0]}
+    partition = getattr(engine.optimizer, "partition_size", None)
+    del engine, model, params
+    return {"keys": keys, "vocab": vocab, "layers": layers, "zero_stage": stage,
+            "precision": run_precision(cfg, dev.type), "processes": world, **counts,
+            "partition": int(sum(partition)) if partition else -(-counts["params"] // world),
+            "allreduce_elements": sizes.get("allreduce", 0),
+            "allgather_elements": sizes.get("allgather", 0), **best}
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -281,10 +415,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--peer", type=int, default=0, help="this process among --peers")
     parser.add_argument("--peers", type=int, default=1, help="processes measuring in lockstep")
     parser.add_argument("--barrier-port", type=int, default=0, help="peer 0's TCPStore port")
+    parser.add_argument("--zero", type=int, default=0,
+                        help="ZeRO stage: the peers form one data-parallel group (the ZeRO pass)")
     args = parser.parse_args(argv)
     shapes = tuple(tuple(s) for s in json.loads(args.shapes)) if args.shapes else ENGINE_SHAPES
     return _engine_worker(Path(args.path), args.device, shapes, args.peer, args.peers,
-                          args.barrier_port)
+                          args.barrier_port, args.zero)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ so a 96-layer model costs no more to predict than a 2-layer one.
 A profile made by `neox-perf calibrate` may also carry "engine" terms: what a step costs on
 that machine beyond its operators, measured by running the reference model under DeepSpeed
 at calibration shapes (predictors/local.fit_engine). They are applied when the run computes
-in the precision they were measured in; bundled profiles have none.
+in the precision they were measured in; bundled profiles have none. DeepSpeed's plain
+optimizer and its ZeRO stage-1/2 optimizer do different work around the same all-reduce, and
+each has its own terms, measured on its own path.
 """
 from __future__ import annotations
 
@@ -67,8 +69,9 @@ class _Cache:
                 self._note(f"{call.op} {call.phase}", pred)
                 self.memo[key] = float(pred.seconds)
             return self.memo[key]
-        if self.engine is not None and call.purpose == "mp_allreduce":
-            measured = self.engine.tp_allreduce(call)
+        if self.engine is not None and call.purpose in ("mp_allreduce", "dp_allreduce", "dp_allgather"):
+            measured = (self.engine.tp_allreduce(call) if call.purpose == "mp_allreduce"
+                        else self.engine.dp_collective(call))
             if measured is not None:
                 return measured
         key = ("comm", call.kind, call.elements, call.nodes, call.gpus_per_node)
@@ -97,7 +100,10 @@ class EngineTerms:
     def __init__(self, terms: dict, micro_batches: int, zero_stage: int):
         self.t = terms
         self.m = micro_batches
+        self.zero_stage = zero_stage
         self.deepspeed_path = zero_stage == 0  # measured on DeepSpeed's non-ZeRO optimizer path
+        # stages 1 and 2 run one optimizer class (zero/stage_1_and_2.py); the ZeRO pass ran 1
+        self.zero_path = zero_stage in (1, 2) and "zero_step" in terms
 
     @classmethod
     def of(cls, profile, decomp: Decomposition) -> Optional["EngineTerms"]:
@@ -126,11 +132,45 @@ class EngineTerms:
             return None
         return c.get("t0", 0.0) + c.get("per_tensor", 0.0) * tensors + c.get("per_param", 0.0) * params
 
-    def optimizer(self, params: float, tensors: float) -> Optional[float]:
-        return self._linear("optimizer_step", params, tensors) if self.deepspeed_path else None
+    def optimizer(self, params: float, tensors: float,
+                  partition: Optional[float] = None) -> Optional[float]:
+        """The optimizer step beside its collectives; None: keep the operator prediction.
+        ``partition``: the parameters this rank's optimizer steps (default all of them)."""
+        if self.deepspeed_path:
+            return self._linear("optimizer_step", params, tensors)
+        if self.zero_path:
+            return self._linear("zero_step", params if partition is None else partition, 0)
+        return None
 
     def grad_flatten(self, params: float) -> float:
         return (self._linear("grad_flatten", params, 0) or 0.0) if self.deepspeed_path else 0.0
+
+    def grad_reduce(self, params: float) -> float:
+        """Per iteration: what reducing the gradients costs beside the all-reduces themselves."""
+        if self.deepspeed_path:
+            return self.grad_flatten(params)
+        if not self.zero_path:
+            return 0.0
+        # ZeRO-1 reduces at the accumulation boundary only; ZeRO-2 in every micro-batch's
+        # backward (stage_1_and_2.reduce_ready_partitions_and_remove_grads)
+        times = self.m if self.zero_stage == 2 else 1
+        return (self._linear("zero_reduce", params, 0) or 0.0) * times
+
+    def dp_collective(self, call: CommCall) -> Optional[float]:
+        """A data-parallel all-reduce / all-gather as a ZeRO step runs it, when measured for this
+        group and at least as large as the smallest one measured (below, the collective
+        benchmark's own samples are the better guide): interpolated between the measured
+        sizes, beyond the largest at its cost per element."""
+        c = self.t.get(call.purpose) or {}
+        if (not c.get("points") or call.nodes != 1 or call.gpus_per_node != c.get("processes")
+                or call.elements < c["points"][0][0]):
+            return None
+        x = call.elements
+        pts = c["points"]
+        for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+            if x <= x1:
+                return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+        return pts[-1][1] * x / pts[-1][0]
 
     def tp_allreduce(self, call: CommCall) -> Optional[float]:
         """A tensor-parallel all-reduce as training sees it, when measured for this group."""
@@ -162,9 +202,10 @@ def _stage_times(work: StageWork, cache: _Cache, engine: Optional[EngineTerms] =
         extra_f = engine.other("forward", _ops(work.forward, cache), work.logits_elements)
         extra_b = (engine.other("backward", _ops(work.backward, cache), work.logits_elements)
                    + engine.accumulate(work.params_per_rank, work.param_tensors))
-        step = engine.optimizer(work.params_per_rank, work.param_tensors)
+        step = engine.optimizer(work.params_per_rank, work.param_tensors,
+                                work.optimizer.feature_dict()["params"])
         optimizer = optimizer if step is None else step
-        grad_sync += engine.grad_flatten(work.params_per_rank)
+        grad_sync += engine.grad_reduce(work.params_per_rank)
     recompute = work.recompute_layers * lf
     fwd = n * lf + cache.total(work.forward) + extra_f
     bwd = n * lb + recompute + cache.total(work.backward) + extra_b

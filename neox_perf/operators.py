@@ -11,8 +11,14 @@ and DeepSpeed's real code:
   column-parallel head reduces its input gradient in backward.
 - pipeline: DeepSpeed partitions the p2p activation over the tensor-parallel ranks
   (PipelineEngine.is_pipe_partitioned = is_model_parallel), so each rank sends b*l*d/mp.
-- data parallel: gradients are all-reduced in reduce_bucket_size buckets; ZeRO-1 then
-  all-gathers the updated partition in allgather_bucket_size buckets.
+- data parallel (runtime/engine.py, runtime/zero/stage_1_and_2.py): without ZeRO the engine
+  all-reduces the flattened gradients in MEMORY_OPT_ALLREDUCE_SIZE (5e8) buckets whatever the
+  config says; ZeRO-1/2 all-reduce them whole in reduce_bucket_size buckets (reduce_scatter
+  with the default use_multi_rank_bucket_allreduce is an all-reduce, each rank keeping its
+  slices) -- once per iteration at stage 1, in every micro-batch's backward at stage 2 -- and,
+  after the step, all-gather the updated partitions (counted here in allgather_bucket_size
+  calls; with all_gather_into_tensor, as in any recent torch, DeepSpeed makes one call per
+  parameter group instead: the same bytes).
 Ranks are placed as DeepSpeed's PipeModelDataParallelTopology does: model innermost, then
 data, then pipe, filling nodes of gpus_per_node GPUs in rank order.
 """
@@ -213,6 +219,10 @@ def param_tensors(cfg: NeoxConfig, st: "StageShape") -> int:
     return n
 
 
+# deepspeed/runtime/constants.py: the bucket of the non-ZeRO gradient all-reduce
+MEMORY_OPT_ALLREDUCE_SIZE = 500000000
+
+
 def _buckets(total: float, bucket: int) -> List[Tuple[float, int]]:
     """[(elements, count)] of DeepSpeed-style fixed-size buckets covering `total`."""
     if total <= 0:
@@ -272,10 +282,12 @@ def decompose(cfg: NeoxConfig, padded_vocab: int, stages: Sequence[StageShape],
         grad_sync: Tuple[CommCall, ...] = ()
         gather: Tuple[CommCall, ...] = ()
         if dp > 1:
+            bucket = tr.reduce_bucket_size if tr.zero_stage >= 1 else MEMORY_OPT_ALLREDUCE_SIZE
+            per_iteration = tr.gradient_accumulation_steps if tr.zero_stage == 2 else 1
             grad_sync = tuple(
-                CommCall("allreduce", "dp_allreduce", "step", e * grad_elems_factor, *dp_group, n,
-                         "gradients")
-                for e, n in _buckets(st.params_per_rank, tr.reduce_bucket_size))
+                CommCall("allreduce", "dp_allreduce", "step", e * grad_elems_factor, *dp_group,
+                         n * per_iteration, "gradients")
+                for e, n in _buckets(st.params_per_rank, bucket))
             if tr.zero_stage >= 1:
                 calls = max(1, math.ceil(st.params_per_rank / max(tr.allgather_bucket_size, 1)))
                 gather = (CommCall("allgather", "dp_allgather", "step",

@@ -33,8 +33,7 @@ from . import cleaning, fit
 from .artifacts import ARRAYS_FILE, MANIFEST_FILE, SCHEMA, SCHEMA_VERSION
 from .facts import ClusterFacts, Link
 from .samples import COLLECTIVE_PHASE, FileRecord, sha256_of
-from .train import (COLLECTIVE_FEATURES, _ArrayPool, _collective_entry, _link_notes, _model_entry,
-                    _ranges, _roofline_entry, _versions)
+from .train import _ArrayPool, _versions, fit_set
 
 GEMMS = ("linear1", "linear2", "linear3", "linear4", "linear_final", "qk", "av")
 Progress = Callable[[int, int, str], None]
@@ -159,10 +158,12 @@ def _collective_processes(store, device: int) -> Optional[int]:
 def fit_store(store_path, name: str, out_dir, *, device: Optional[int] = None,
               dtype: Optional[str] = None, gpus_per_node: Optional[int] = None,
               grid=None, progress: Optional[Progress] = None,
-              extra_notes: Tuple[str, ...] = ()) -> LocalFit:
+              extra_notes: Tuple[str, ...] = (), source: Optional[str] = "calibrate") -> LocalFit:
     """Fit every (op, phase) and collective of one device in the store; write the profile
     to ``out_dir`` (manifest.json + arrays.npz, replaced atomically); return it with the
-    per-operator validation table. ``grid``: fit.candidates() by default."""
+    per-operator validation table. ``grid``: fit.candidates() by default. ``source``: the
+    samples to fit, "calibrate" by default; None adds the training-run samples that
+    `calibrate --from-run` merged into the store."""
     from neox_perf.calibration.run import training_sets
     from neox_perf.calibration.store import SampleStore
 
@@ -175,7 +176,7 @@ def fit_store(store_path, name: str, out_dir, *, device: Optional[int] = None,
     dtypes = {r["info"].get("dtype") for r in runs if r["info"].get("dtype")}
     if dtype is None and len(dtypes) == 1:
         dtype = dtypes.pop()
-    sets = training_sets(store_path, device=device, dtype=dtype, source="calibrate")
+    sets = training_sets(store_path, device=device, dtype=dtype, source=source)
     facts, fact_notes = measured_facts(name, fingerprint, sets, procs)
     record = FileRecord(store_path, "store", "calibration", used_for="all", sha256=sha256_of(store_path),
                         rows=int(sum(len(ts) for ts in sets.values())))
@@ -192,28 +193,9 @@ def fit_store(store_path, name: str, out_dir, *, device: Optional[int] = None,
     for i, ((op, phase), ts) in enumerate(todo):
         if progress is not None:
             progress(i, len(todo), f"{op} {phase}")
-        names = COLLECTIVE_FEATURES if phase == COLLECTIVE_PHASE else opspec.op_spec(op).features
-        limits = cleaning.baseline_limits(ts, facts)
-        result = fit.fit_one(f"{name}/{op}/{phase}", cleaning.baseline_design(ts, facts),
-                             [ts.features[n] for n in names], ts.seconds, grid=grid, limits=limits)
-        entry = {"features": list(names), "rows": int(len(ts)), "ranges": _ranges(ts.features, names)}
-        entry.update(_model_entry(result, list(names), pool))
+        result = fit_set(f"{name}/{op}/{phase}", op, phase, ts, facts, grid, pool, operators,
+                         collectives, notes)
         v = {k: _finite(x) for k, x in result.validation.items()}
-        if phase == COLLECTIVE_PHASE:
-            entry["baseline"] = _collective_entry(result.coef, limits[0], facts.inter_node_link.lanes)
-            topo = {}
-            for nodes, gpn in sorted({(int(a), int(b)) for a, b in zip(ts.features["nodes"],
-                                                                       ts.features["gpus_per_node"])}):
-                m = (ts.features["nodes"] == nodes) & (ts.features["gpus_per_node"] == gpn)
-                el = ts.features["elements"][m]
-                topo[f"{nodes}x{gpn}"] = {"nodes": nodes, "gpus_per_node": gpn, "rows": int(m.sum()),
-                                          "elements": [float(el.min()), float(el.max())]}
-            entry["topologies"] = topo
-            collectives[op] = entry
-            notes.extend(_link_notes(op, entry["baseline"], facts, topo))
-        else:
-            entry["baseline"] = _roofline_entry(result.coef, limits[0])
-            operators.setdefault(op, {})[phase] = entry
         table.append(FitRow(op, phase, len(ts), result.chosen, v,
                             result.validation_detail.get("reason", "")))
     if progress is not None:
@@ -231,6 +213,7 @@ def fit_store(store_path, name: str, out_dir, *, device: Optional[int] = None,
             "source": f"neox-perf calibrate on {facts.gpu_name}",
             "license": "n/a (own measurements)",
             "store": str(store_path.resolve()),
+            "samples": source or "all",
             "device_id": device,
             "fingerprint": fingerprint,
             "runs": [{"id": r["id"], "plan": r["plan"], "started": r["started"],
@@ -327,9 +310,90 @@ ENGINE_FEATURES = {"layer_forward": "operators", "layer_backward": "operators",
                    "other_forward": "logits", "other_backward": "logits"}
 
 
-def fit_engine(profile, engine_path, tp_path=None) -> Tuple[dict, List[FitRow]]:
+# DeepSpeed's ZeRO stage-1/2 optimizer (runtime/zero/stage_1_and_2.py), as the engine
+# calibration's ZeRO pass times it (calibration.engine._measure_zero), split where its cost
+# scales differently:
+# - zero_reduce: the gradient reduction at the accumulation boundary without its all-reduce.
+#   Every gradient is copied into the reduce bucket, averaged, flattened again for the
+#   all-reduce (which is of the whole gradient: reduce_scatter with the default
+#   use_multi_rank_bucket_allreduce all-reduces and keeps the rank's slices), and the rank's
+#   own slices are copied out: per parameter of the stage, whatever the partition.
+# - zero_step: the step without its all-gather: gradient norm (and its one-element all-reduce,
+#   where ranks wait for each other), flattening and clipping the partition's gradients, the
+#   optimizer on one flat fp32 partition, the copy back into the model's parameters: per
+#   parameter of the rank's partition. It replaces the operator-level optimizer prediction.
+# - dp_allreduce / dp_allgather: those two collectives as training runs them, the whole model
+#   at once (the collective benchmark's linear fit under-predicts such sizes), for groups of
+#   the processes the pass ran. The plain optimizer's all-reduce is the same collective.
+def _fit_zero(rows: dict) -> Tuple[dict, List[FitRow]]:
+    from .baseline import fit_nonnegative
+
+    rows = [r for r in rows.values() if r.get("params")]
+    if not rows:
+        return {}, []
+    terms: dict = {}
+    table: List[FitRow] = []
+    stage, processes = int(rows[0]["zero_stage"]), int(rows[0]["processes"])
+
+    def linear(name, x, y, unit, what, **extra):
+        x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+        design = np.column_stack([np.ones_like(x), x])
+        coef, _ = fit_nonnegative(design, y)
+        err = float(np.mean(np.abs(design @ coef / y - 1.0)))
+        terms[name] = {"coef": {"t0": float(coef[0]), unit: float(coef[1])}, "rows": len(x),
+                       "in_sample_mape": err, "sampled": [float(x.min()), float(x.max())], **extra}
+        table.append(FitRow(f"engine {name}", "-", len(x), "engine term", {"chosen": err},
+                            f"{what}; in-sample; t0 {coef[0] * 1e3:.2f} ms, "
+                            f"{coef[1] * 1e9:.3g} ns per {unit[len('per_'):]}"))
+
+    linear("zero_reduce", [r["params"] for r in rows], [r["reduce"] for r in rows], "per_param",
+           f"ZeRO-{stage} gradient reduction beside its all-reduce", stage=stage, processes=processes)
+    linear("zero_step", [r["partition"] for r in rows], [r["step"] for r in rows], "per_param",
+           f"ZeRO-{stage} step beside its all-gather, per partition parameter", stage=stage,
+           processes=processes)
+    if processes > 1:
+        for name, key in (("dp_allreduce", "allreduce"), ("dp_allgather", "allgather")):
+            pts = [(r[f"{key}_elements"], r[key]) for r in rows if r.get(f"{key}_elements")]
+            if not pts:
+                continue
+            # Kept as measured and interpolated, not fitted: on a CPU the cost per element
+            # jumps with size (gloo's all-gather on a 2-core VM: twice the time per element
+            # above ~8e6 elements per rank), which one straight line spreads over every size.
+            curve = _size_curve(pts)
+            x, y = (np.array(c, dtype=float) for c in zip(*curve))
+            errs = [abs(np.interp(x[i], np.delete(x, i), np.delete(y, i)) / y[i] - 1.0)
+                    for i in range(1, len(x) - 1)]
+            loo = float(np.mean(errs)) if errs else None
+            terms[name] = {"points": [[float(a), float(b)] for a, b in curve], "rows": len(pts),
+                           "processes": processes, "sampled": [float(x[0]), float(x[-1])],
+                           "loo_mape": loo}
+            table.append(FitRow(f"engine {name}", "-", len(pts), "engine term", {"chosen": loo},
+                                f"data-parallel {key} in a ZeRO step, {processes} processes: "
+                                f"{len(curve)} sizes interpolated, {y[0] / x[0] * 1e9:.3g} to "
+                                f"{y[-1] / x[-1] * 1e9:.3g} ns per element"))
+    return terms, table
+
+
+def _size_curve(pts) -> List[List[float]]:
+    """[[elements, seconds]] by size: sizes within 2% of each other are one size, its fastest
+    measurement kept (interference only ever adds time), and no larger size faster than a
+    smaller one."""
+    curve: List[List[float]] = []
+    for e, sec in sorted((float(e), float(sec)) for e, sec in pts):
+        if curve and e <= curve[-1][0] * 1.02:
+            curve[-1][1] = min(curve[-1][1], sec)
+        else:
+            curve.append([e, sec])
+    for i in range(1, len(curve)):
+        curve[i][1] = max(curve[i][1], curve[i - 1][1])
+    return curve
+
+
+def fit_engine(profile, engine_path, tp_path=None, extra_rows=None) -> Tuple[dict, List[FitRow]]:
     """The profile's "engine" section from the engine calibration (calibrate.run_engine) and,
-    when given, the in-training tensor-parallel all-reduce benchmark (calibrate.run_tp_benchmark)."""
+    when given, the in-training tensor-parallel all-reduce benchmark (calibrate.run_tp_benchmark).
+    ``extra_rows(profile)``: more rows per term, in the row forms built below, from training
+    runs (hooks.recalibrate.EngineRows, for `calibrate --from-run`)."""
     from .baseline import fit_nonnegative
 
     data = json.loads(Path(engine_path).read_text())
@@ -351,7 +415,14 @@ def fit_engine(profile, engine_path, tp_path=None) -> Tuple[dict, List[FitRow]]:
         acc.append((row["tensors"], row["params"], row["accumulate"]))
     if not layer_f:
         raise ValueError(f"{engine_path}: no engine calibration measurements")
+    more = extra_rows(profile) if extra_rows is not None else {}
+    for name, rows in (("layer_forward", layer_f), ("layer_backward", layer_b),
+                       ("other_forward", other_f), ("other_backward", other_b),
+                       ("optimizer_step", steps), ("grad_flatten", flat), ("grad_accumulate", acc)):
+        rows.extend(more.get(name, ()))
     terms: dict = {"precision": precision, "shapes": sorted(shapes), "source": str(engine_path)}
+    if any(more.values()):
+        terms["extra_rows"] = {k: len(v) for k, v in more.items() if v}
     table: List[FitRow] = []
     for name, rows in (("layer_forward", layer_f), ("layer_backward", layer_b),
                        ("other_forward", other_f), ("other_backward", other_b)):
@@ -379,6 +450,9 @@ def fit_engine(profile, engine_path, tp_path=None) -> Tuple[dict, List[FitRow]]:
                        "in_sample_mape": err}
         table.append(FitRow(f"engine {name}", "-", len(rows), "engine term", {"chosen": err},
                             "in-sample; " + ", ".join(f"{k} {v:.3g}" for k, v in terms[name]["coef"].items())))
+    zero_terms, zero_table = _fit_zero(data.get("zero") or {})
+    terms.update(zero_terms)
+    table += zero_table
     if tp_path is not None and Path(tp_path).is_file():
         tp = json.loads(Path(tp_path).read_text())
         elements, mean = np.array(tp["elements"], dtype=float), np.array(tp["mean"], dtype=float)
@@ -393,18 +467,20 @@ def fit_engine(profile, engine_path, tp_path=None) -> Tuple[dict, List[FitRow]]:
     return terms, table
 
 
-def add_engine(profile_dir, engine_path, tp_path=None) -> List[FitRow]:
+def add_engine(profile_dir, engine_path, tp_path=None, extra_rows=None) -> List[FitRow]:
     """Fit the engine terms against the profile in ``profile_dir`` and add them to its manifest."""
     from .profile import load_profile
     profile_dir = Path(profile_dir)
-    terms, table = fit_engine(load_profile(profile_dir), engine_path, tp_path)
+    terms, table = fit_engine(load_profile(profile_dir), engine_path, tp_path, extra_rows)
     manifest = json.loads((profile_dir / MANIFEST_FILE).read_text())
     manifest["engine"] = terms
     note = ("engine terms (manifest 'engine'): measured by running the reference workload's model "
             "under one-process DeepSpeed engines, one per device in lockstep, at the calibration "
             "shapes; they add what the operator benchmarks miss (layer glue, cold operands, NeoX's "
             "loss, DeepSpeed's optimizer step, gradient flattening and accumulation, devices sharing "
-            "memory bandwidth, tensor-parallel all-reduces waiting for each other)")
+            "memory bandwidth, tensor-parallel all-reduces waiting for each other); a second pass "
+            "runs ZeRO-1 with the processes as one data-parallel group (the ZeRO optimizer's own "
+            "work, and its whole-model all-reduce and all-gather as training runs them)")
     notes = manifest.setdefault("notes", [])
     if note not in notes:
         notes.append(note)

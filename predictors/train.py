@@ -127,6 +127,35 @@ def _link_notes(kind: str, base: dict, facts, topologies: dict) -> List[str]:
     return out
 
 
+def fit_set(key: str, op: str, phase: str, ts, facts, grid, pool: "_ArrayPool",
+            operators: Dict[str, Dict[str, dict]], collectives: Dict[str, dict],
+            notes: List[str]) -> fit.FitResult:
+    """Fit one (op, phase) sample set and file its manifest entry under ``operators`` or
+    ``collectives``: shared by the bundled profiles' trainer and `neox-perf calibrate`."""
+    names = COLLECTIVE_FEATURES if phase == COLLECTIVE_PHASE else opspec.op_spec(op).features
+    limits = cleaning.baseline_limits(ts, facts)
+    result = fit.fit_one(key, cleaning.baseline_design(ts, facts), [ts.features[n] for n in names],
+                         ts.seconds, grid=grid, limits=limits)
+    entry = {"features": list(names), "rows": int(len(ts)), "ranges": _ranges(ts.features, names)}
+    entry.update(_model_entry(result, list(names), pool))
+    if phase == COLLECTIVE_PHASE:
+        entry["baseline"] = _collective_entry(result.coef, limits[0], facts.inter_node_link.lanes)
+        topo = {}
+        for nodes, gpn in sorted({(int(a), int(b)) for a, b in zip(ts.features["nodes"],
+                                                                   ts.features["gpus_per_node"])}):
+            m = (ts.features["nodes"] == nodes) & (ts.features["gpus_per_node"] == gpn)
+            el = ts.features["elements"][m]
+            topo[f"{nodes}x{gpn}"] = {"nodes": nodes, "gpus_per_node": gpn, "rows": int(m.sum()),
+                                      "elements": [float(el.min()), float(el.max())]}
+        entry["topologies"] = topo
+        collectives[op] = entry
+        notes.extend(_link_notes(op, entry["baseline"], facts, topo))
+    else:
+        entry["baseline"] = _roofline_entry(result.coef, limits[0])
+        operators.setdefault(op, {})[phase] = entry
+    return result
+
+
 def train_cluster(samples_root: Path, known: KnownCluster, out_root: Path, grid=None,
                   log=print) -> Tuple[dict, List[tuple]]:
     facts = known.facts
@@ -143,28 +172,7 @@ def train_cluster(samples_root: Path, known: KnownCluster, out_root: Path, grid=
         table.append((op, phase, 0, None, derived))
     for (op, phase), ts in sorted(cleaned.sets.items()):
         key = f"{known.facts.name}/{op}/{phase}"
-        names = COLLECTIVE_FEATURES if phase == COLLECTIVE_PHASE else opspec.op_spec(op).features
-        limits = cleaning.baseline_limits(ts, facts)
-        result = fit.fit_one(key, cleaning.baseline_design(ts, facts), [ts.features[n] for n in names],
-                             ts.seconds, grid=grid, limits=limits)
-        entry = {"features": list(names), "rows": int(len(ts))}
-        entry["ranges"] = _ranges(ts.features, names)
-        entry.update(_model_entry(result, list(names), pool))
-        if phase == COLLECTIVE_PHASE:
-            entry["baseline"] = _collective_entry(result.coef, limits[0], facts.inter_node_link.lanes)
-            topo = {}
-            for nodes, gpn in sorted({(int(a), int(b)) for a, b in zip(ts.features["nodes"],
-                                                                       ts.features["gpus_per_node"])}):
-                m = (ts.features["nodes"] == nodes) & (ts.features["gpus_per_node"] == gpn)
-                el = ts.features["elements"][m]
-                topo[f"{nodes}x{gpn}"] = {"nodes": nodes, "gpus_per_node": gpn, "rows": int(m.sum()),
-                                          "elements": [float(el.min()), float(el.max())]}
-            entry["topologies"] = topo
-            collectives[op] = entry
-            notes.extend(_link_notes(op, entry["baseline"], facts, topo))
-        else:
-            entry["baseline"] = _roofline_entry(result.coef, limits[0])
-            operators.setdefault(op, {})[phase] = entry
+        result = fit_set(key, op, phase, ts, facts, grid, pool, operators, collectives, notes)
         table.append((op, phase, len(ts), result, None))
         log(f"  {known.facts.name:16s} {op:16s} {phase:5s} rows={len(ts):5d} -> {result.chosen}")
 

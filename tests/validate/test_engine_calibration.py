@@ -1,5 +1,6 @@
-"""The engine calibration's own processes: DeepSpeed engines per shape in lockstep, and the in-training
-tensor-parallel all-reduce under torchrun. Real runs, on tiny shapes."""
+"""The engine calibration's own processes: DeepSpeed engines per shape in lockstep (then as one ZeRO-1
+data-parallel group), and the in-training tensor-parallel all-reduce under torchrun. Real runs, on
+tiny shapes."""
 import json
 
 import pytest
@@ -18,15 +19,24 @@ def test_engine_worker_measures_and_resumes(tmp_path):
     seen = []
     # two processes in lockstep, as calibrate runs them for two "GPUs"
     info = run_engine(path, "cpu", progress=lambda *a: seen.append(a), shapes=(TINY_SHAPE,), nproc=2)
-    assert info == {"shapes": 1, "already_stored": 0, "measured": 1, "processes": 2}
+    assert info == {"shapes": 1, "already_stored": 0, "measured": 1, "processes": 2,
+                    "zero": {"stage": 1, "already_stored": 0, "measured": 1}}
     row = next(iter(json.loads(path.read_text())["shapes"].values()))
     assert row["precision"] == "fp32" and row["layers"] == 2 and row["tensors"] == 2 * 12 + 1 + 2 + 1
     for key in ("forward", "layer_forward", "backward", "layer_backward", "step", "flatten", "accumulate"):
         assert row[key] > 0, key
     assert row["layer_forward"] < row["forward"] and row["layer_backward"] < row["backward"]
-    assert seen[-1][0] == seen[-1][1] == 1
+    assert seen[-1][0] == seen[-1][1] == 2
     assert json.loads(path.read_text())["processes"] == 2
-    assert run_engine(path, "cpu", shapes=(TINY_SHAPE,))["measured"] == 0
+    # the ZeRO pass: the two processes were one data-parallel group of a ZeRO-1 engine
+    zero = next(iter(json.loads(path.read_text())["zero"].values()))
+    assert zero["processes"] == 2 and zero["zero_stage"] == 1 and zero["params"] == row["params"]
+    assert zero["allreduce_elements"] == row["params"]
+    assert 0 <= zero["partition"] - row["params"] / 2 < 64 and zero["allgather_elements"] == zero["partition"]
+    for key in ("reduce", "allreduce", "step", "allgather"):
+        assert zero[key] > 0, key
+    again = run_engine(path, "cpu", shapes=(TINY_SHAPE,))
+    assert again["measured"] == 0 and again["zero"]["measured"] == 0
 
 
 def test_tensor_parallel_allreduce_in_training(tmp_path):
