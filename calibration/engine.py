@@ -22,11 +22,12 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from .launch import CalibrationFailed, free_port, rank_env
+from .launch import CalibrationFailed, free_port, rank_env, remove_shm_buffers
 from .phase_clock import PhaseClock
 
 # (hidden, seq, micro_batch, norm, attention, vocab): the quick plan's grid points
@@ -117,19 +118,23 @@ def _run_peers(path: Path, device: str, nproc: int, extra: List[str], measured, 
     tag = "zero." if zero else ""
     logs = [path.with_suffix(f".{tag}{peer}.log") for peer in range(nproc)]
     master = str(free_port())
-    procs, count = [], 0
+    procs, ports, count = [], [], 0
     try:
         for peer in range(nproc):
             env = rank_env(device)
+            ports.append(master if zero else str(free_port()))
             if zero:
                 env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=master, RANK=str(peer),
                            WORLD_SIZE=str(nproc), LOCAL_RANK=str(peer), LOCAL_WORLD_SIZE=str(nproc))
             else:
-                env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0",
+                env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=ports[-1], RANK="0",
                            WORLD_SIZE="1", LOCAL_RANK=str(peer), LOCAL_WORLD_SIZE="1")
             out = subprocess.PIPE if peer == 0 else open(logs[peer], "w")
             procs.append(subprocess.Popen(cmd + ["--peer", str(peer)], env=env, stdout=out,
                                           stderr=subprocess.STDOUT, text=True))
+        # A peer that dies (e.g. the OOM killer) leaves the others blocked in a collective or
+        # a barrier for good: stop them all as soon as one fails.
+        threading.Thread(target=_stop_all_on_failure, args=(procs,), daemon=True).start()
         with open(logs[0], "w") as fh:
             for line in procs[0].stdout:
                 fh.write(line)
@@ -142,6 +147,8 @@ def _run_peers(path: Path, device: str, nproc: int, extra: List[str], measured, 
             if p.poll() is None:
                 p.kill()
                 p.wait()
+        for port in set(ports):
+            remove_shm_buffers(port)
     if any(codes):
         peer = next(i for i, c in enumerate(codes) if c)
         text = logs[peer].read_text(errors="replace").strip().splitlines()
@@ -149,6 +156,16 @@ def _run_peers(path: Path, device: str, nproc: int, extra: List[str], measured, 
         raise CalibrationFailed(f"{what} calibration failed (process {peer}, exit {codes[peer]}): "
                                 f"{(text or ['no output'])[-1][-300:]} (log: {logs[peer]})")
     return count
+
+
+def _stop_all_on_failure(procs) -> None:
+    while any(p.poll() is None for p in procs):
+        if any(p.poll() not in (None, 0) for p in procs):
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+            return
+        time.sleep(0.5)
 
 
 class _Barrier:

@@ -6,6 +6,7 @@ Shared by `neox-perf calibrate` (collectives, engine, tensor-parallel steps) and
 from __future__ import annotations
 
 import ctypes
+import glob
 import importlib.util
 import os
 import socket
@@ -82,6 +83,7 @@ def launch(cmd: List[str], env: dict, log: Path) -> None:
         cmd[cmd.index("--master_port") + 1] = str(free_port())
         with open(log, "w") as fh:
             proc = subprocess.run(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT)
+        remove_shm_buffers(cmd[cmd.index("--master_port") + 1])
         text = log.read_text(errors="replace")
         if proc.returncode == 0 or "EADDRINUSE" not in text:
             break
@@ -90,3 +92,19 @@ def launch(cmd: List[str], env: dict, log: Path) -> None:
         raise CalibrationFailed(f"launch failed (exit {proc.returncode}): {(lines or ['no output'])[-1][-300:]} "
                                 f"(log: {log}; command: {' '.join(cmd)})")
 
+
+
+def remove_shm_buffers(port, addr: str = "127.0.0.1") -> int:
+    """Unlink the shared-memory buffers DeepSpeed's CPU communication op left for the job at
+    ``addr:port``; returns how many. deepspeed.ops.comm (CPU accelerator) creates one
+    /dev/shm/deepspeed_allreduce_buffer_*_<addr>_<port>_<rank> of ~66 MB per rank and never
+    unlinks it, so every CPU launch would leak that much RAM until reboot (seen: 13 GB after a
+    day of runs, then the OOM killer)."""
+    removed = 0
+    for path in glob.glob(f"/dev/shm/deepspeed_allreduce_buffer_*_{addr}_{int(port)}_*"):
+        try:
+            os.unlink(path)
+            removed += 1
+        except OSError:
+            pass
+    return removed

@@ -14,6 +14,21 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(autouse=True, scope="session")
+def _no_leaked_deepspeed_shm():
+    """DeepSpeed's CPU comm op leaves ~66 MB of /dev/shm per rank of every launch; the suite
+    launches dozens, so take back what this session left (CI has 24 GB)."""
+    import glob
+    pattern = "/dev/shm/deepspeed_allreduce_buffer_*"
+    before = set(glob.glob(pattern))
+    yield
+    for path in set(glob.glob(pattern)) - before:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+@pytest.fixture(autouse=True, scope="session")
 def _private_neox_perf_home(tmp_path_factory):
     """Profiles a developer calibrated under ~/.cache must not leak into the tests."""
     old = os.environ.get("NEOX_PERF_HOME")

@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 from .. import exitcodes
-from ..calibration.launch import CACHING_MALLOC_ENV, cuda_available, free_port, has_module
+from ..calibration.launch import (CACHING_MALLOC_ENV, cuda_available, free_port, has_module,
+                                  remove_shm_buffers)
 from ..errors import ConfigError, NeoxPerfError, UsageError
 
 WARMUP_ITERATIONS = 2
@@ -238,10 +239,14 @@ def run_workload(configs: Sequence[str], nproc: int, iters: int, vocab: int, wor
     for attempt in range(3):
         out, phases_dir = workdir / "result.json", workdir / f"phases{attempt}"
         phases_dir.mkdir(parents=True, exist_ok=True)
-        cmd = launch_command(nproc, configs, iters, vocab, out, phases_dir, free_port())
+        port = free_port()
+        cmd = launch_command(nproc, configs, iters, vocab, out, phases_dir, port)
         with open(log, "w") as fh:
             proc = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=workdir)
-            _watch(proc, phases_dir / "progress", iters, progress, label)
+            try:
+                _watch(proc, phases_dir / "progress", iters, progress, label)
+            finally:
+                remove_shm_buffers(port)
         text = log.read_text(errors="replace")
         # the port can be taken between our probe and the rendezvous: the one retry worth making
         if proc.returncode == 0 or "EADDRINUSE" not in text and "address already in use" not in text:
