@@ -233,25 +233,24 @@ def _engine_worker(path: Path, device: str, todo=ENGINE_SHAPES, peer: int = 0, p
     return 0
 
 
-def _measure_engine(shape, layers: int, device: str, barrier=lambda: None) -> Dict[str, object]:
+def _engine_for(keys: dict, vocab: int, device: str, world: int):
+    """The reference model of NeoX ``keys`` under a DeepSpeed engine on ``device``:
+    (cfg, workload dims, torch device, model, trainable params, engine, device sync)."""
     import tempfile
 
     import deepspeed
     import torch
 
     from .workload import dims
-    from .workload.data import SyntheticTokens
-    from .workload.ds_config import build_ds_config, run_precision
-    from .workload.layers import ParallelTransformerLayerPipe
-    from .workload.model import SequentialModel, cross_entropy
+    from .workload.ds_config import build_ds_config
+    from .workload.model import SequentialModel
     from .workload.tensor_parallel import TPState, set_tp_state
     from neox_perf.config import WorldRequest, build, load_files
 
-    keys, vocab = engine_keys(shape, layers), shape[-1]
     with tempfile.TemporaryDirectory() as tmp:
         cfg_path = Path(tmp) / "engine.yml"
         cfg_path.write_text(json.dumps(keys))
-        cfg, _, _ = build(load_files([str(cfg_path)]), WorldRequest(gpus=1))
+        cfg, _, _ = build(load_files([str(cfg_path)]), WorldRequest(gpus=world))
     dev = torch.device(device)
     set_tp_state(TPState(init_device=str(dev)))
     wc = dims.from_neox(cfg, vocab)
@@ -260,6 +259,19 @@ def _measure_engine(shape, layers: int, device: str, barrier=lambda: None) -> Di
     params = [p for p in model.parameters() if p.requires_grad]
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=ds_config)
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    return cfg, wc, dev, model, params, engine, sync
+
+
+def _measure_engine(shape, layers: int, device: str, barrier=lambda: None) -> Dict[str, object]:
+    import torch
+
+    from .workload.data import SyntheticTokens
+    from .workload.ds_config import run_precision
+    from .workload.layers import ParallelTransformerLayerPipe
+    from .workload.model import cross_entropy
+
+    keys, vocab = engine_keys(shape, layers), shape[-1]
+    cfg, wc, dev, model, params, engine, sync = _engine_for(keys, vocab, device, 1)
     now = time.perf_counter
     clock, marks = PhaseClock(), []
 
@@ -341,33 +353,15 @@ def _measure_zero(shape, layers: int, device: str, barrier, world: int, stage: i
     all-gather of the updated parameters -- and the rest, the optimizer's own work. A
     one-element all-reduce (the gradient norm) stays with the rest: it is where the step
     waits for the other ranks, as it does in training."""
-    import tempfile
-
-    import deepspeed
     import deepspeed.comm as ds_comm
-    import torch
 
-    from .workload import dims
     from .workload.data import SyntheticTokens
-    from .workload.ds_config import build_ds_config, run_precision
-    from .workload.model import SequentialModel, cross_entropy
-    from .workload.tensor_parallel import TPState, set_tp_state
-    from neox_perf.config import WorldRequest, build, load_files
+    from .workload.ds_config import run_precision
+    from .workload.model import cross_entropy
 
     keys, vocab = engine_keys(shape, layers, zero=stage), shape[-1]
-    with tempfile.TemporaryDirectory() as tmp:
-        cfg_path = Path(tmp) / "engine.yml"
-        cfg_path.write_text(json.dumps(keys))
-        cfg, _, _ = build(load_files([str(cfg_path)]), WorldRequest(gpus=world))
-    dev = torch.device(device)
-    set_tp_state(TPState(init_device=str(dev)))
-    wc = dims.from_neox(cfg, vocab)
-    model = SequentialModel(wc, 0).to(dev)
-    ds_config, _ = build_ds_config(cfg, dev.type)
-    params = [p for p in model.parameters() if p.requires_grad]
+    cfg, wc, dev, model, params, engine, sync = _engine_for(keys, vocab, device, world)
     counts = {"params": int(sum(p.numel() for p in params)), "tensors": len(params)}
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=ds_config)
-    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
     clock = PhaseClock()
     sizes: Dict[str, int] = {}
 

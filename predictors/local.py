@@ -33,7 +33,7 @@ from . import cleaning, fit
 from .artifacts import ARRAYS_FILE, MANIFEST_FILE, SCHEMA, SCHEMA_VERSION
 from .facts import ClusterFacts, Link
 from .samples import COLLECTIVE_PHASE, FileRecord, sha256_of
-from .train import _ArrayPool, _versions, fit_set
+from .train import _ArrayPool, _versions, fit_set, write_profile
 
 GEMMS = ("linear1", "linear2", "linear3", "linear4", "linear_final", "qk", "av")
 Progress = Callable[[int, int, str], None]
@@ -241,22 +241,6 @@ def fit_store(store_path, name: str, out_dir, *, device: Optional[int] = None,
     write_profile(out_dir, manifest, pool.members)
     dropped = {p: dict(r) for p, r in record.dropped.items() if r}
     return LocalFit(out_dir, manifest, table, dropped, seconds)
-
-
-def write_profile(out_dir: Path, manifest: dict, members: Dict[str, np.ndarray]) -> None:
-    """Arrays first, then the manifest, each written whole and renamed into place: a reader
-    never sees a half-written file, and a manifest never names arrays that are not there."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp_arrays = out_dir / (ARRAYS_FILE + ".tmp")
-    with open(tmp_arrays, "wb") as fh:
-        np.savez_compressed(fh, **members)
-    manifest["arrays"]["sha256"] = sha256_of(tmp_arrays)
-    tmp_manifest = out_dir / (MANIFEST_FILE + ".tmp")
-    with open(tmp_manifest, "w") as fh:
-        json.dump(manifest, fh, indent=1, allow_nan=False)
-        fh.write("\n")
-    os.replace(tmp_arrays, out_dir / ARRAYS_FILE)
-    os.replace(tmp_manifest, out_dir / MANIFEST_FILE)
 
 
 # -- engine terms: what a real step costs beyond the operator predictions ---------------------

@@ -127,6 +127,22 @@ def _link_notes(kind: str, base: dict, facts, topologies: dict) -> List[str]:
     return out
 
 
+def write_profile(out_dir: Path, manifest: dict, members: Dict[str, np.ndarray]) -> None:
+    """Arrays first, then the manifest, each written whole and renamed into place: a reader
+    never sees a half-written file, and a manifest never names arrays that are not there."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp_arrays = out_dir / (ARRAYS_FILE + ".tmp")
+    with open(tmp_arrays, "wb") as fh:
+        np.savez_compressed(fh, **members)
+    manifest["arrays"]["sha256"] = sha256_of(tmp_arrays)
+    tmp_manifest = out_dir / (MANIFEST_FILE + ".tmp")
+    with open(tmp_manifest, "w") as fh:
+        json.dump(manifest, fh, indent=1, allow_nan=False)
+        fh.write("\n")
+    os.replace(tmp_arrays, out_dir / ARRAYS_FILE)
+    os.replace(tmp_manifest, out_dir / MANIFEST_FILE)
+
+
 def fit_set(key: str, op: str, phase: str, ts, facts, grid, pool: "_ArrayPool",
             operators: Dict[str, Dict[str, dict]], collectives: Dict[str, dict],
             notes: List[str]) -> fit.FitResult:
@@ -210,21 +226,8 @@ def train_cluster(samples_root: Path, known: KnownCluster, out_root: Path, grid=
         "operators": operators,
         "collectives": collectives,
     }
-    out_dir = Path(out_root) / facts.name
-    out_dir.mkdir(parents=True, exist_ok=True)
-    # complete temporary files renamed into place, arrays first: a reader never sees a
-    # half-written file, and a manifest never names arrays that are not there yet
-    tmp_arrays = out_dir / (ARRAYS_FILE + ".tmp")
-    with open(tmp_arrays, "wb") as fh:
-        np.savez_compressed(fh, **pool.members)
-    manifest["arrays"]["sha256"] = sha256_of(tmp_arrays)
     manifest["training"]["seconds"] = round(time.perf_counter() - started, 1)
-    tmp_manifest = out_dir / (MANIFEST_FILE + ".tmp")
-    with open(tmp_manifest, "w") as fh:
-        json.dump(manifest, fh, indent=1, allow_nan=False)
-        fh.write("\n")
-    os.replace(tmp_arrays, out_dir / ARRAYS_FILE)
-    os.replace(tmp_manifest, out_dir / MANIFEST_FILE)
+    write_profile(Path(out_root) / facts.name, manifest, pool.members)
     return manifest, table
 
 
