@@ -47,7 +47,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     configs = [Path(c) for c in args.configs] or CONFIGS
 
-    from neox_perf.commands.validate import ValidateResult, _load_profile, validate_one
+    from neox_perf.commands.check import _load_profile
+    from neox_perf.commands.validate import ValidateResult, validate_one
     from neox_perf.render.progress import bars, wanted
 
     profile = _load_profile(args.cluster)

@@ -324,15 +324,6 @@ def validate_one(configs: Sequence[str], gpus: int, profile, iters: int,
         stages=stages, notes=list(dict.fromkeys(notes)))
 
 
-def _load_profile(name):
-    from ..predictors.profile import load_profile
-    try:
-        return load_profile(name)
-    except Exception as exc:
-        line = getattr(exc, "line", None)
-        raise UsageError(line() if callable(line) else str(exc)) from None
-
-
 def run_validate(args, progress: Optional[Progress] = None) -> ValidateResult:
     """args: configs, gpus, cluster, iters, vocab_size (optional), workdir (optional)."""
     for path in args.configs:
@@ -340,6 +331,7 @@ def run_validate(args, progress: Optional[Progress] = None) -> ValidateResult:
             raise UsageError(f"{path}: no such config file")
     if not has_module("deepspeed"):  # fail here, in one line, not in N ranks
         raise UsageError("validate runs the workload under DeepSpeed: pip install 'neox-perf[runtime]'") from None
+    from .check import _load_profile
     profile = _load_profile(args.cluster)
     iters = int(getattr(args, "iters", None) or 10)
     result = ValidateResult(cluster=profile.name, gpus=args.gpus)
