@@ -47,11 +47,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     configs = [Path(c) for c in args.configs] or CONFIGS
 
-    from neox_perf.commands.check import _load_profile
+    from neox_perf.predict import load_cluster
     from neox_perf.commands.validate import ValidateResult, validate_one
     from neox_perf.render.progress import bars, wanted
 
-    profile = _load_profile(args.cluster)
+    profile = load_cluster(args.cluster)
     result = ValidateResult(cluster=profile.name, gpus=args.gpus)
     load_before, started = _load(), time.monotonic()
     runs = {i: [] for i in range(len(configs))}

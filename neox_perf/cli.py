@@ -93,10 +93,20 @@ def build_parser() -> argparse.ArgumentParser:
                           help="measured iterations after 2 warm-up ones (default 10)")
     validate.add_argument("--vocab-size", type=_positive_int,
                           help="raw tokenizer vocabulary, when the tokenizer file is not readable here")
+    validate.add_argument("--neox", metavar="NEOX_SRC",
+                          help="measure GPT-NeoX's own deepy.py + train.py from this checkout "
+                               "instead of the reference workload")
     validate.add_argument("--json", action="store_true", help="print one versioned JSON envelope")
 
     clusters = sub.add_parser("clusters", help="list the cluster profiles and their provenance")
+    clusters.add_argument("--gpus", action="store_true",
+                          help="list the GPUs a cluster description file can name")
     clusters.add_argument("--json", action="store_true", help="print one versioned JSON envelope")
+
+    from .commands.plan import add_arguments as add_plan_arguments
+    plan_cmd = sub.add_parser("plan", help="rank the layouts of a model on these GPUs by "
+                                           "predicted time to train")
+    add_plan_arguments(plan_cmd)
 
     from .commands.report import add_arguments as add_report_arguments
     from .commands.run import add_arguments as add_run_arguments
@@ -133,6 +143,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                 from .commands.validate import run_validate as run_command
             with bars(wanted(want_json)) as progress:
                 result = run_command(args, progress=progress)
+        elif args.command == "plan":
+            from .commands.plan import run_plan
+            result = run_plan(args)
         elif args.command == "clusters":
             from .commands.clusters import run_clusters
             result = run_clusters(args)

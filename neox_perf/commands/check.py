@@ -8,22 +8,12 @@ from ..errors import ConfigError, UsageError
 from ..result import CheckResult
 
 
-def _load_profile(name):
-    if name is None:
-        return None
-    from ..predictors.profile import load_profile
-    try:
-        return load_profile(name)
-    except Exception as exc:  # the profile layer raises one-line errors of its own
-        line = getattr(exc, "line", None)
-        raise UsageError(line() if callable(line) else str(exc)) from None
-
-
 def run_check(args) -> CheckResult:
     from .. import checks
     from ..derive import derive
 
-    profile = _load_profile(args.cluster)
+    from ..predict import load_cluster
+    profile = load_cluster(args.cluster)
     facts = profile.facts if profile is not None else None
     raw = load_files(args.configs, conf_dir=args.conf_dir)
     cfg, verdicts, warnings = build(
@@ -53,15 +43,10 @@ def run_check(args) -> CheckResult:
         verdicts += checks.memory_verdicts([s.memory.total for s in derived.stages],
                                            facts.gpu_memory_bytes, facts.gpu_name)
     if profile is not None and not any(v.level == "error" for v in verdicts):
-        from ..estimate import estimate
-        from ..operators import StageShape, decompose
-        last = len(derived.stages) - 1
-        shapes = [StageShape(index=s.index, transformer_layers=s.transformer_layers,
-                             has_embedding=s.index == 0, has_head=s.index == last,
-                             params_per_rank=s.params_per_rank) for s in derived.stages]
-        decomp = decompose(cfg, derived.padded_vocab, shapes)
-        result.decomposition = decomp
-        result.estimate = estimate(decomp, profile)
+        from ..predict import predict
+        prediction = predict(cfg, derived, profile)
+        result.decomposition = prediction.decomposition
+        result.estimate = prediction.estimate
         verdicts += checks.time_verdict(result.estimate.iteration_seconds, args.max_iteration_seconds)
     elif args.max_iteration_seconds is not None and profile is None:
         raise UsageError("--max-iteration-seconds needs --cluster to predict the iteration time")

@@ -331,8 +331,11 @@ def run_validate(args, progress: Optional[Progress] = None) -> ValidateResult:
             raise UsageError(f"{path}: no such config file")
     if not has_module("deepspeed"):  # fail here, in one line, not in N ranks
         raise UsageError("validate runs the workload under DeepSpeed: pip install 'neox-perf[runtime]'") from None
-    from .check import _load_profile
-    profile = _load_profile(args.cluster)
+    if getattr(args, "neox", None):  # GPT-NeoX's own train.py as the measured side
+        from .validate_neox import run_validate_neox
+        return run_validate_neox(args, progress)
+    from ..predict import load_cluster
+    profile = load_cluster(args.cluster)
     iters = int(getattr(args, "iters", None) or 10)
     result = ValidateResult(cluster=profile.name, gpus=args.gpus)
     workdir = getattr(args, "workdir", None)
