@@ -52,6 +52,9 @@ class IterationEstimate:
     operators: Dict[str, float]  # seconds per iteration on the critical stage, per operator+phase
     flags: Tuple[Flag, ...]
     eq7_seconds: float
+    # 80% interval of the iteration time from the profile's measured end-to-end residuals;
+    # None when the profile carries none.
+    interval_seconds: Optional[Tuple[float, float]] = None
 
 
 class _Cache:
