@@ -104,14 +104,30 @@ class Decomposition:
     precision: str = ""  # what the run computes in (fp16 | bfloat16 | fp32)
 
 
-def group_placement(size: int, stride: int, gpus_per_node: int) -> Tuple[int, int]:
-    """(nodes, members per node) of a group of `size` ranks spaced `stride` apart."""
+def group_placement(size: int, stride: int, gpus_per_node: int,
+                    firsts: Optional[Sequence[int]] = None) -> Tuple[int, int]:
+    """(nodes, members per node) of a group of `size` ranks spaced `stride` apart.
+
+    firsts: the groups' first ranks, when only some offsets form such a group (the tied
+    embedding pairs the first stage's ranks with the last's). Where node boundaries do not
+    fall between groups evenly, the group spanning the most nodes is returned: collectives
+    of one kind run in lockstep, so the slowest placement sets the pace.
+    """
     if size <= 1:
         return 1, 1
     if stride >= gpus_per_node:
         return size, 1
-    per_node = max(1, min(size, gpus_per_node // stride))
-    return math.ceil(size / per_node), per_node
+    if firsts is None and gpus_per_node % stride == 0:
+        per_node = max(1, min(size, gpus_per_node // stride))
+        return math.ceil(size / per_node), per_node
+    worst = (1, 1)
+    for first in (firsts if firsts is not None else range(stride))[:4096]:
+        per: Dict[int, int] = {}
+        for i in range(size):
+            node = (first + i * stride) // gpus_per_node
+            per[node] = per.get(node, 0) + 1
+        worst = max(worst, (len(per), max(per.values())))
+    return worst
 
 
 def _call(op: str, phase: str, count: float, scope: str, dtype_bytes: int, **features) -> OpCall:
@@ -127,22 +143,9 @@ def _call(op: str, phase: str, count: float, scope: str, dtype_bytes: int, **fea
 
 
 def mlp_widths(cfg: NeoxConfig) -> Tuple[int, int]:
-    """(linear1 output, linear2 input) widths, by NeoX's ParallelMLP rules."""
-    m = cfg.model
-    if m.intermediate_size:
-        ffn = m.intermediate_size
-    elif m.expansion_factor:
-        ffn = int(m.expansion_factor * m.hidden_size)
-    else:
-        ffn = 4 * m.hidden_size
-    ffn_in = ffn
-    if m.is_gated:
-        ffn = int(ffn * 2 / 3)
-        ffn_in = ffn // 2
-    mult = m.mlp_multiple_of
-    ffn = 2 * mult * ((ffn + 2 * mult - 1) // (2 * mult))
-    ffn_in = mult * ((ffn_in + mult - 1) // mult)
-    return ffn, ffn_in
+    """(linear1 output, linear2 input) widths: derive.params holds NeoX's ParallelMLP rule."""
+    from .derive.params import mlp_widths as model_mlp_widths
+    return model_mlp_widths(cfg.model)
 
 
 def _layer_calls(cfg: NeoxConfig, dt: int, mp_group: Tuple[int, int], notes: List[str],
@@ -294,7 +297,9 @@ def decompose(cfg: NeoxConfig, padded_vocab: int, stages: Sequence[StageShape],
                                    st.params_per_rank / dp / calls, *dp_group, calls, "parameters"),)
         tied_sync: Tuple[CommCall, ...] = ()
         if tied and (st.has_embedding or st.has_head):
-            tied_sync = (CommCall("allreduce", "tied_allreduce", "step", vocab * d, 2, 1, 1,
+            # first and last stage: ranks (stages - 1) * mp * dp apart, on one node when both fit
+            tied_group = group_placement(2, (len(stages) - 1) * mp * dp, gpn, range(mp * dp))
+            tied_sync = (CommCall("allreduce", "tied_allreduce", "step", vocab * d, *tied_group, 1,
                                   "tied embedding"),)
         opt_params = st.params_per_rank / dp if (tr.zero_stage >= 1 and dp > 1) else st.params_per_rank
         optimizer = _call("optimizer", "step", 1, "optimizer", dt, params=opt_params)

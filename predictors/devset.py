@@ -1,0 +1,117 @@
+"""Measured end-to-end training iterations: the development set real predictions answer to.
+
+vTrain (MICRO 2024, arXiv 2312.12391, MIT) published 1,440 iterations of Megatron-DeepSpeed
+on 8-GPU A100 nodes (`../shared/data/vtrain-a100/single_node_runs.csv`). Each row becomes the
+NeoX config that describes the same job, read through the same `build()` as a user's YAML,
+so a row is predicted exactly as `neox-perf check` would predict it.
+
+What the source does not state is assumed, as its README reads it: Megatron GPT (learned
+positions, LayerNorm, GeLU, tied embeddings, fused softmax), fp16, GPT-2 vocabulary 50257,
+activation checkpointing on, plain data parallel (no ZeRO). Megatron-DeepSpeed builds the
+pipeline engine only when pp > 1, which in NeoX terms is pipe_parallel_size 0 for pp = 1.
+"""
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional, Sequence, Tuple
+
+VTRAIN_CSV = Path("data") / "vtrain-a100" / "single_node_runs.csv"
+VTRAIN_VOCAB = 50257  # GPT-2 BPE, padded by NeoX's (= Megatron's) rule
+ASSUMPTIONS = ("Megatron GPT: learned positions, LayerNorm, GeLU, tied embeddings, fused softmax; "
+               "fp16; GPT-2 vocabulary 50257; activation checkpointing; no ZeRO; "
+               "pp = 1 runs without the pipeline engine")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One measured iteration and the layout that produced it."""
+
+    gpus: int
+    global_batch: int
+    micro_batch: int
+    hidden: int
+    heads: int
+    layers: int
+    seq_len: int
+    tp: int
+    dp: int
+    pp: int
+    seconds: float  # measured iteration time
+
+    @property
+    def layout(self) -> Tuple[int, int, int]:
+        return (self.tp, self.dp, self.pp)
+
+    @property
+    def accumulation(self) -> int:
+        return self.global_batch // (self.dp * self.micro_batch)
+
+    def neox_values(self) -> dict:
+        """The NeoX config keys that describe this job."""
+        return {
+            "num_layers": self.layers, "hidden_size": self.hidden,
+            "num_attention_heads": self.heads, "seq_length": self.seq_len,
+            "max_position_embeddings": self.seq_len, "pos_emb": "learned", "norm": "layernorm",
+            "activation": "gelu", "no_weight_tying": False,
+            "scaled_upper_triang_masked_softmax_fusion": True, "bias_gelu_fusion": True,
+            "attention_config": [[["global"], self.layers]],
+            "tokenizer_type": "GPT2BPETokenizer",
+            "fp16": {"enabled": True}, "precision": "fp16",
+            "checkpoint_activations": True,
+            "pipe_parallel_size": self.pp if self.pp > 1 else 0,
+            "model_parallel_size": self.tp,
+            "train_micro_batch_size_per_gpu": self.micro_batch,
+            "gradient_accumulation_steps": self.accumulation,
+            "zero_optimization": {"stage": 0},
+            "global_num_gpus": self.gpus,
+            "train_iters": 1,
+        }
+
+
+def find_shared(start: Optional[Path] = None) -> Optional[Path]:
+    """The project's `../shared/` beside the repo (or beside an ancestor), if present."""
+    here = (start or Path(__file__)).resolve()
+    for parent in [here, *here.parents]:
+        candidate = parent.parent / "shared" if parent.name else None
+        if candidate is not None and (candidate / "data").is_dir():
+            return candidate
+    return None
+
+
+def load_vtrain(path: Optional[Path] = None) -> List[Run]:
+    """Every row of vTrain's single-node runs; FileNotFoundError when the file is absent."""
+    if path is None:
+        shared = find_shared()
+        if shared is None:
+            raise FileNotFoundError("../shared/data/vtrain-a100/single_node_runs.csv not found")
+        path = shared / VTRAIN_CSV
+    runs = []
+    with open(path, newline="", encoding="utf-8") as fh:
+        for row in csv.DictReader(fh):
+            ints = {k: int(row[k]) for k in ("gpus", "global_batch", "micro_batch", "hidden", "heads",
+                                             "layers", "seq_len", "tp", "dp", "pp")}
+            run = Run(**ints, seconds=float(row["iteration_ms"]) / 1e3)
+            if run.tp * run.dp * run.pp != run.gpus or run.global_batch % (run.dp * run.micro_batch):
+                raise ValueError(f"{path}: inconsistent row {row}")
+            runs.append(run)
+    return runs
+
+
+def build_config(run: Run, gpus_per_node: int):
+    """(NeoxConfig, DerivedModel) of a run, through the same path as a user's YAML."""
+    from neox_perf.config import WorldRequest, build
+    from neox_perf.config.loader import RawConfig
+    from neox_perf.derive import derive
+    values = run.neox_values()
+    raw = RawConfig(values=values, sources={k: "<vtrain row>" for k in values}, files=["<vtrain row>"])
+    cfg, verdicts, _ = build(raw, WorldRequest(gpus=run.gpus, gpus_per_node=gpus_per_node))
+    errors = [v for v in verdicts if v.level == "error"]
+    if errors:
+        raise ValueError(f"vtrain row {run}: {errors[0].message}")
+    return cfg, derive(cfg, VTRAIN_VOCAB)
+
+
+def layouts(runs: Sequence[Run]) -> List[Tuple[int, int, int]]:
+    return sorted({r.layout for r in runs})
