@@ -102,6 +102,7 @@ class Decomposition:
     notes: Tuple[str, ...]  # approximations the user should know about
     zero_stage: int = 0
     precision: str = ""  # what the run computes in (fp16 | bfloat16 | fp32)
+    pipeline_engine: bool = False  # DeepSpeed's PipelineEngine (pipe_parallel_size >= 1) runs it
 
 
 def group_placement(size: int, stride: int, gpus_per_node: int,
@@ -317,4 +318,5 @@ def decompose(cfg: NeoxConfig, padded_vocab: int, stages: Sequence[StageShape],
     if precision is None and tr.precision == "fp32":  # an explicit precision is the caller's word
         notes.append("fp32 training is predicted from fp16 operator samples")
     return Decomposition(tuple(out), tr.gradient_accumulation_steps, dt, tuple(dict.fromkeys(notes)),
-                         zero_stage=tr.zero_stage, precision=run_precision)
+                         zero_stage=tr.zero_stage, precision=run_precision,
+                         pipeline_engine=par.pipe_parallel_size >= 1)

@@ -18,6 +18,7 @@ class CheckResult:
     warnings: List[str]
     facts: Optional[object] = None  # ClusterFacts of the profile, if --cluster
     profile_name: Optional[str] = None
+    profile: Optional[object] = None  # the ClusterProfile predicted with, if --cluster
     derived: Optional[object] = None  # DerivedModel, unless a blocking error stopped derivation
     decomposition: Optional[object] = None
     estimate: Optional[object] = None  # IterationEstimate, when a profile was given
@@ -125,6 +126,9 @@ def _prediction(result: CheckResult) -> Optional[dict]:
         "tokens_per_second": tokens / est.iteration_seconds,
         "stages": [_plain(s) for s in est.stages],
         "operators": dict(sorted(est.operators.items(), key=lambda kv: -kv[1])),
+        "interval_seconds": list(est.interval_seconds) if est.interval_seconds else None,
+        "extrapolated_share": est.extrapolated_share,
+        "step_terms": _step_terms(result.profile),
         "extrapolated": [{"what": f.what, "reason": f.reason} for f in est.flags],
         "notes": list(result.decomposition.notes) if result.decomposition else [],
     }
@@ -137,4 +141,17 @@ def _prediction(result: CheckResult) -> Optional[dict]:
     if iters:
         out["run_seconds"] = est.iteration_seconds * iters
         out["run_gpu_hours"] = est.iteration_seconds * iters * world / 3600.0
+        if est.interval_seconds:
+            out["run_hours_interval"] = [s * iters / 3600.0 for s in est.interval_seconds]
+            out["run_gpu_hours_interval"] = [s * iters * world / 3600.0 for s in est.interval_seconds]
     return out
+
+
+def _step_terms(profile) -> Optional[dict]:
+    """What the profile adds to the operator sum, and where it was measured."""
+    if profile is None:
+        return None
+    section = (getattr(profile, "manifest", None) or {}).get("step_terms") or {}
+    return {"applied": bool(section.get("terms")), "terms": section.get("terms"),
+            "source": section.get("fitted_on", "none: the plain sum of operator predictions"),
+            "cross_validation": section.get("cross_validation")}

@@ -84,13 +84,24 @@ def _render_prediction(result, console) -> None:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
-    grid.add_row("iteration", f"{_s(est.iteration_seconds)}  (paper Eq. 7 would say {_s(est.eq7_seconds)})")
+    iv = pred.get("interval_seconds")
+    grid.add_row("iteration", f"{_s(est.iteration_seconds)}"
+                 + (f"  80% interval {_s(iv[0])} .. {_s(iv[1])}" if iv else "  (no interval: the "
+                    "profile carries no measured end-to-end residuals)")
+                 + f"  (paper Eq. 7 would say {_s(est.eq7_seconds)})")
     grid.add_row("throughput", f"{pred['tokens_per_second']:,.0f} tokens/s"
                  + (f", {pred['tflops_per_gpu']:.1f} TFLOP/s per GPU" if pred.get("tflops_per_gpu") else "")
                  + (f", MFU {pred['mfu']:.1%}" if pred.get("mfu") else ""))
     if pred.get("run_seconds"):
+        hours = pred.get("run_hours_interval")
+        gpu_hours = pred.get("run_gpu_hours_interval")
         grid.add_row("whole run", f"{result.run_iterations:,} iterations = {pred['run_seconds'] / 3600:,.1f} h, "
-                                  f"{pred['run_gpu_hours']:,.0f} GPU-hours")
+                                  f"{pred['run_gpu_hours']:,.0f} GPU-hours"
+                     + (f"  (80%: {hours[0]:,.1f}-{hours[1]:,.1f} h, {gpu_hours[0]:,.0f}-{gpu_hours[1]:,.0f} "
+                        f"GPU-hours; size the allocation for the high end)" if hours else ""))
+    terms = pred.get("step_terms")
+    if terms and terms.get("applied"):
+        grid.add_row("step terms", f"{terms['source']}")
     console.print(Panel(grid, title=f"Prediction ({result.profile_name})", title_align="left"))
 
     table = Table(title="Breakdown (paper Table IX components)", title_justify="left", box=box.SIMPLE_HEAD)

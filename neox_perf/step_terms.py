@@ -1,0 +1,106 @@
+"""What a real training step costs beyond the sum of its isolated operator timings.
+
+The published samples time each operator alone: the GPU span from its first kernel to its
+last, warmed up, nothing before or after it. A real step runs hundreds of operators back to
+back, and measured end-to-end iterations (predictors/devset.py) are systematically slower than
+that sum -- most where each kernel does little work (small hidden sizes, small micro-batches,
+wide tensor parallelism). The terms below are that difference, each with a physical meaning,
+fitted on measured end-to-end runs (predictors/step_fit.py) and cross-validated on layouts
+they were not fitted on. A profile without them predicts the plain operator sum.
+
+Also here: the interval a profile's measured residuals put around every prediction.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+# Operators whose time is set by arithmetic throughput; the rest are memory-bound.
+COMPUTE_BOUND = frozenset({"linear1", "linear2", "linear3", "linear4", "linear_final", "qk", "av",
+                           "flash_attention"})
+FITTED = ("compute_scale", "memory_scale", "dispatch_s", "tp_sync_s", "p2p_s", "micro_batch_s",
+          "pipeline_micro_batch_s", "step_s")
+
+
+@dataclass(frozen=True)
+class StepTerms:
+    compute_scale: float = 1.0  # in-situ time of compute-bound operators / their isolated time
+    memory_scale: float = 1.0  # the same for memory-bound operators (norms, softmax, loss, Adam)
+    dispatch_s: float = 0.0  # host time to issue one operator: a shorter one leaves the GPU idle
+    # a tensor-parallel all-reduce waits for its slowest rank: seconds per doubling of the group
+    tp_sync_s: float = 0.0
+    p2p_s: float = 0.0  # per pipeline send: the blocking handshake beyond the transfer itself
+    micro_batch_s: float = 0.0  # per micro-batch per stage: data, loss scaling, engine calls
+    # per micro-batch per stage under DeepSpeed's PipelineEngine: its instruction interpreter
+    # (load, forward, backward, send/receive bookkeeping), on top of micro_batch_s
+    pipeline_micro_batch_s: float = 0.0
+    step_s: float = 0.0  # per optimizer step: overflow check, clipping, zero_grad, scheduler
+
+    def __post_init__(self):
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"step term {f.name} must be a finite number >= 0, got {v!r}")
+        if self.compute_scale <= 0 or self.memory_scale <= 0:
+            raise ValueError("step term scales must be > 0")
+
+    @property
+    def identity(self) -> bool:
+        return self == StepTerms()
+
+    def operator(self, op: str, seconds: float) -> float:
+        """In-situ seconds of one operator call measured `seconds` in isolation."""
+        scale = self.compute_scale if op in COMPUTE_BOUND else self.memory_scale
+        return max(scale * seconds, self.dispatch_s)
+
+    def per_micro_batch(self, pipeline_engine: bool) -> float:
+        return self.micro_batch_s + (self.pipeline_micro_batch_s if pipeline_engine else 0.0)
+
+    def collective(self, purpose: str, ranks: int, seconds: float) -> float:
+        """In-situ seconds of a collective the samples time at `seconds` in isolation."""
+        if seconds <= 0:
+            return seconds
+        if purpose == "mp_allreduce":
+            return seconds + self.tp_sync_s * math.log2(max(ranks, 2))
+        if purpose == "pp_p2p":
+            return seconds + self.p2p_s
+        return seconds
+
+    def to_dict(self) -> Dict[str, float]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "StepTerms":
+        unknown = set(data) - set(FITTED)
+        if unknown:
+            raise ValueError(f"unknown step terms {', '.join(sorted(unknown))}")
+        return cls(**{k: float(v) for k, v in data.items()})
+
+
+@dataclass(frozen=True)
+class Interval:
+    """An 80% interval as ratios to the point prediction, from measured residuals."""
+
+    lo_ratio: float  # 10th percentile of measured / predicted
+    hi_ratio: float  # 90th percentile
+    widen_per_extrapolated: float = 0.0  # extra relative width per unit share of extrapolated time
+
+    def around(self, seconds: float, extrapolated_share: float = 0.0) -> Tuple[float, float]:
+        w = self.widen_per_extrapolated * max(0.0, min(1.0, extrapolated_share))
+        return seconds * self.lo_ratio / (1.0 + w), seconds * self.hi_ratio * (1.0 + w)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Interval":
+        lo, hi = float(data["lo_ratio"]), float(data["hi_ratio"])
+        if not (0 < lo <= 1.0 <= hi and math.isfinite(hi)):
+            raise ValueError(f"interval ratios must satisfy 0 < lo <= 1 <= hi, got {lo}, {hi}")
+        return cls(lo, hi, float(data.get("widen_per_extrapolated", 0.0)))
+
+
+def of_profile(profile) -> Tuple[StepTerms, Optional[Interval]]:
+    """The step terms and interval a profile's manifest carries (identity and None without)."""
+    section = (getattr(profile, "manifest", None) or {}).get("step_terms") or {}
+    terms = StepTerms.from_dict(section["terms"]) if section.get("terms") else StepTerms()
+    interval = Interval.from_dict(section["interval"]) if section.get("interval") else None
+    return terms, interval

@@ -1,0 +1,181 @@
+"""Fit the step terms (neox_perf/step_terms.py) on measured end-to-end runs.
+
+An iteration is a max-plus composition (the 1F1B timeline) of stage costs that are linear in
+every step term, so around any point it is linear in them: T(theta) = c0 + F . theta, exact as
+long as the critical path does not move. Each run's F and c0 come from the real prediction
+path (finite differences of `estimate`), the terms from bounded linear least squares on the
+relative error, and the linearisation is refreshed at the fitted point until it settles.
+Cross-validation is by layout: the terms predicting a (tp, dp, pp) class are fitted on the
+other classes only, and the held-out runs are predicted through the real (nonlinear) path.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from neox_perf.estimate import estimate
+from neox_perf.predict import stage_shapes
+from neox_perf.operators import decompose
+from neox_perf.step_terms import FITTED, StepTerms
+
+# Physical bounds: no gap is negative, and a scale stays near 1 (an operator in a real step may
+# find a warm cache, but not a faster GPU); the upper bounds keep a degenerate fold in check.
+BOUNDS = {"compute_scale": (0.8, 2.0), "memory_scale": (0.8, 3.0), "dispatch_s": (0.0, 5e-4),
+          "tp_sync_s": (0.0, 2e-3), "p2p_s": (0.0, 2e-2), "micro_batch_s": (0.0, 0.05),
+          "pipeline_micro_batch_s": (0.0, 0.05),
+          "step_s": (0.0, 0.5)}
+_STEP = {"compute_scale": 0.01, "memory_scale": 0.01, "dispatch_s": 1e-6, "tp_sync_s": 1e-6,
+         "p2p_s": 1e-5, "micro_batch_s": 1e-5, "pipeline_micro_batch_s": 1e-5, "step_s": 1e-5}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One measured run ready to predict: its decomposition and measured seconds."""
+
+    key: Hashable  # what cross-validation groups by (e.g. the (tp, dp, pp) layout)
+    decomposition: object
+    measured: float
+    label: str = ""
+
+
+def prepare(runs, build: Callable, key: Callable = lambda r: r.layout) -> List[Case]:
+    """Cases from runs; ``build(run) -> (cfg, derived)`` reads each as a NeoX config."""
+    cases = []
+    for run in runs:
+        cfg, derived = build(run)
+        decomp = decompose(cfg, derived.padded_vocab, stage_shapes(derived))
+        cases.append(Case(key(run), decomp, float(run.seconds), str(run)))
+    return cases
+
+
+def predict_all(cases: Sequence[Case], profile, terms: StepTerms) -> np.ndarray:
+    return np.array([estimate(c.decomposition, profile, terms).iteration_seconds for c in cases])
+
+
+def linearise(cases: Sequence[Case], profile, terms: StepTerms,
+              names: Sequence[str] = FITTED) -> Tuple[np.ndarray, np.ndarray]:
+    """(F, c0) with predicted seconds ~= c0 + F @ theta around ``terms``."""
+    base = predict_all(cases, profile, terms)
+    theta = np.array([getattr(terms, n) for n in names])
+    cols = []
+    for n in names:
+        h = _STEP[n]
+        cols.append((predict_all(cases, profile, replace(terms, **{n: getattr(terms, n) + h})) - base) / h)
+    F = np.stack(cols, axis=1)
+    return F, base - F @ theta
+
+
+def solve(F: np.ndarray, c0: np.ndarray, measured: np.ndarray,
+          names: Sequence[str] = FITTED) -> np.ndarray:
+    """Bounded least squares on the relative error (c0 + F theta) / measured - 1."""
+    from scipy.optimize import lsq_linear
+    A = F / measured[:, None]
+    b = 1.0 - c0 / measured
+    lo = np.array([BOUNDS[n][0] for n in names])
+    hi = np.array([BOUNDS[n][1] for n in names])
+    # bvls can land a hair outside its bounds
+    return np.clip(lsq_linear(A, b, bounds=(lo, hi), method="bvls").x, lo, hi)
+
+
+def fit(cases: Sequence[Case], profile, rounds: int = 4,
+        start: StepTerms = StepTerms()) -> StepTerms:
+    terms = start
+    measured = np.array([c.measured for c in cases])
+    for _ in range(rounds):
+        F, c0 = linearise(cases, profile, terms)
+        new = StepTerms(**dict(zip(FITTED, map(float, solve(F, c0, measured)))))
+        if all(math.isclose(getattr(new, n), getattr(terms, n), rel_tol=1e-3, abs_tol=1e-9)
+               for n in FITTED):
+            return new
+        terms = new
+    return terms
+
+
+def refit(cases: Sequence[Case], profile, base: StepTerms, names: Sequence[str],
+          rounds: int = 3) -> StepTerms:
+    """Refit only ``names`` on a user's own runs (a hooked run gives one or a few cases), the
+    other terms held at ``base``: a handful of runs cannot pin every term, but they can pin
+    what their own machine adds per micro-batch or per operator."""
+    unknown = set(names) - set(FITTED)
+    if unknown:
+        raise ValueError(f"unknown step terms {', '.join(sorted(unknown))}")
+    measured = np.array([c.measured for c in cases])
+    terms = base
+    for _ in range(rounds):
+        F, c0 = linearise(cases, profile, terms)
+        idx = [FITTED.index(n) for n in names]
+        fixed = np.array([getattr(terms, n) for n in FITTED])
+        rest = c0 + F @ fixed - F[:, idx] @ fixed[idx]
+        theta = solve(F[:, idx], rest, measured, names)
+        new = replace(terms, **{n: float(v) for n, v in zip(names, theta)})
+        if new == terms:
+            break
+        terms = new
+    return terms
+
+
+@dataclass(frozen=True)
+class CrossValidation:
+    predicted: np.ndarray  # each case predicted with terms fitted without its group
+    terms: Dict[Hashable, StepTerms]  # per held-out group
+
+
+def cross_validate(cases: Sequence[Case], profile, at: StepTerms,
+                   groups: Optional[Sequence[Sequence[Hashable]]] = None,
+                   linearisation: Optional[Tuple[np.ndarray, np.ndarray]] = None) -> CrossValidation:
+    """Leave-one-group-out (or the given folds of group keys): every case is predicted with
+    terms fitted on the other groups' cases only. The linearisation around ``at`` (usually the
+    terms fitted on everything) is shared by the folds -- it describes the prediction path, not
+    the data; the held-out predictions go through the real prediction path."""
+    keys = sorted({c.key for c in cases}, key=str)
+    folds = [list(g) for g in groups] if groups is not None else [[k] for k in keys]
+    measured = np.array([c.measured for c in cases])
+    F, c0 = linearisation if linearisation is not None else linearise(cases, profile, at)
+    predicted = np.full(len(cases), np.nan)
+    per_group: Dict[Hashable, StepTerms] = {}
+    for fold in folds:
+        held = np.array([c.key in fold for c in cases])
+        if held.all() or not held.any():
+            continue
+        theta = solve(F[~held], c0[~held], measured[~held])
+        fold_terms = StepTerms(**dict(zip(FITTED, map(float, theta))))
+        held_cases = [c for c, h in zip(cases, held) if h]
+        predicted[held] = predict_all(held_cases, profile, fold_terms)
+        for k in fold:
+            per_group[k] = fold_terms
+    return CrossValidation(predicted, per_group)
+
+
+def interval_from_residuals(measured: np.ndarray, predicted: np.ndarray,
+                            extrapolated_share: Optional[np.ndarray] = None,
+                            coverage: float = 0.8) -> Dict[str, float]:
+    """The central ``coverage`` interval of measured/predicted, as ratios (lo <= 1 <= hi), and
+    how much wider predictions that extrapolate need to be to keep that coverage."""
+    ratio = measured / predicted
+    tail = (1.0 - coverage) / 2
+    lo = float(min(1.0, np.quantile(ratio, tail)))
+    hi = float(max(1.0, np.quantile(ratio, 1.0 - tail)))
+    widen = 0.0
+    if extrapolated_share is not None and np.any(extrapolated_share > 0):
+        # the smallest widening per unit share under which the runs that extrapolate most are
+        # covered as often as the interval promises
+        heavy = extrapolated_share >= np.quantile(extrapolated_share, 0.75)
+        for w in np.linspace(0.0, 2.0, 201):
+            span = 1.0 + w * extrapolated_share[heavy]
+            inside = (ratio[heavy] >= lo / span) & (ratio[heavy] <= hi * span)
+            if inside.mean() >= coverage:
+                widen = float(w)
+                break
+        else:
+            widen = 2.0
+    return {"lo_ratio": lo, "hi_ratio": hi, "widen_per_extrapolated": widen}
+
+
+def summary(measured: np.ndarray, predicted: np.ndarray) -> Dict[str, float]:
+    err = predicted / measured - 1.0
+    i = int(np.argmax(np.abs(err)))
+    return {"mape": float(np.mean(np.abs(err))) * 100, "mean_signed": float(np.mean(err)) * 100,
+            "worst": float(err[i]) * 100, "worst_index": i, "runs": int(len(err))}

@@ -1,0 +1,51 @@
+"""The `prediction` object of `check --json` with a cluster: keys pinned, interval sane."""
+import json
+from pathlib import Path
+
+import pytest
+
+from neox_perf.cli import main
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "neox_perf" / "examples"
+
+PREDICTION_KEYS = {
+    "profile", "iteration_seconds", "interval_seconds", "eq7_seconds", "breakdown",
+    "tokens_per_second", "stages", "operators", "extrapolated_share", "step_terms", "extrapolated",
+    "notes", "tflops_per_gpu", "mfu", "run_seconds", "run_gpu_hours", "run_hours_interval",
+    "run_gpu_hours_interval",
+}
+
+
+def _check(capsys, *argv):
+    code = main(["check", *argv, "--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("cluster", ["perlmutter-a100", "perlmutter-a100-80gb", "vista-gh200",
+                                     str(EXAMPLES / "clusters" / "dgx-a100.yml")])
+def test_prediction_keys_and_interval(capsys, cluster):
+    code, data = _check(capsys, str(EXAMPLES / "llemma-7b.yml"), "--gpus", "16", "--cluster", cluster)
+    assert code in (0, 3), data
+    pred = data["prediction"]
+    assert set(pred) == PREDICTION_KEYS
+    lo, hi = pred["interval_seconds"]
+    assert lo < pred["iteration_seconds"] < hi
+    hours_lo, hours_hi = pred["run_hours_interval"]
+    assert hours_lo < pred["run_seconds"] / 3600 < hours_hi
+    assert pred["step_terms"]["applied"] is True
+    assert 0.0 <= pred["extrapolated_share"] <= 1.0
+
+
+def test_terms_make_the_prediction_slower_than_the_operator_sum(capsys):
+    """The step terms model what isolated micro-benchmarks miss: a real step is never faster."""
+    from neox_perf.config import WorldRequest, build, load_files
+    from neox_perf.derive import derive
+    from neox_perf.estimate import estimate
+    from neox_perf.predict import load_cluster, predict
+    from neox_perf.step_terms import StepTerms
+    profile = load_cluster("perlmutter-a100-80gb")
+    cfg, _, _ = build(load_files([str(EXAMPLES / "gpt-20b.yml")]), WorldRequest(gpus=128),
+                      cluster_gpus_per_node=profile.facts.gpus_per_node)
+    p = predict(cfg, derive(cfg, 50257), profile)
+    plain = estimate(p.decomposition, profile, StepTerms())
+    assert p.iteration_seconds > plain.iteration_seconds

@@ -1,0 +1,138 @@
+"""Step terms: what a real step adds to the operator sum, their fit, and the interval."""
+import dataclasses
+
+import numpy as np
+import pytest
+
+from neox_perf.estimate import estimate
+from neox_perf.predict import load_cluster, predict
+from neox_perf.predictors import devset, step_fit
+from neox_perf.step_terms import FITTED, Interval, StepTerms, of_profile
+
+
+def _run(**kw):
+    base = dict(gpus=4, global_batch=8, micro_batch=2, hidden=1024, heads=16, layers=4, seq_len=1024,
+                tp=1, dp=2, pp=2, seconds=1.0)
+    base.update(kw)
+    return devset.Run(**base)
+
+
+@pytest.fixture(scope="module")
+def profile():
+    return load_cluster("perlmutter-a100-80gb")
+
+
+@pytest.fixture(scope="module")
+def cases(profile):
+    runs = [_run(tp=tp, dp=dp, pp=pp, micro_batch=mb, hidden=h, global_batch=8 * dp)
+            for tp, dp, pp in ((1, 2, 2), (2, 1, 2), (1, 4, 1), (2, 2, 1), (1, 1, 4))
+            for mb in (1, 4) for h in (1024, 2048)]
+    return step_fit.prepare(runs, lambda r: devset.build_config(r, profile.facts.gpus_per_node))
+
+
+def test_terms_refuse_negative_and_unknown():
+    with pytest.raises(ValueError, match="dispatch_s"):
+        StepTerms(dispatch_s=-1e-6)
+    with pytest.raises(ValueError, match="unknown step terms"):
+        StepTerms.from_dict({"warp_speed": 1.0})
+    assert StepTerms().identity and not StepTerms(step_s=0.1).identity
+
+
+def test_operator_semantics():
+    t = StepTerms(compute_scale=1.1, memory_scale=1.5, dispatch_s=5e-5)
+    assert t.operator("linear1", 1e-3) == pytest.approx(1.1e-3)
+    assert t.operator("layernorm", 1e-3) == pytest.approx(1.5e-3)
+    assert t.operator("layernorm", 1e-6) == pytest.approx(5e-5)  # host-bound: the GPU waits
+    assert t.collective("mp_allreduce", 8, 0.0) == 0.0  # no group, no wait
+    assert StepTerms(tp_sync_s=1e-5).collective("mp_allreduce", 8, 1e-4) == pytest.approx(1e-4 + 3e-5)
+
+
+def test_identity_terms_change_nothing(profile, cases):
+    for c in cases[:4]:
+        plain = estimate(c.decomposition, profile, StepTerms())
+        assert plain.iteration_seconds == estimate(c.decomposition, profile, StepTerms()).iteration_seconds
+        slower = estimate(c.decomposition, profile, StepTerms(dispatch_s=1e-4, micro_batch_s=1e-3))
+        assert slower.iteration_seconds > plain.iteration_seconds
+
+
+def test_linearisation_is_exact_where_the_path_holds(profile, cases):
+    at = StepTerms(dispatch_s=2e-5, p2p_s=1e-4)
+    F, c0 = step_fit.linearise(cases, profile, at)
+    moved = dataclasses.replace(at, micro_batch_s=2e-3, step_s=1e-2)  # purely additive terms
+    theta = np.array([getattr(moved, n) for n in FITTED])
+    lin, real = c0 + F @ theta, step_fit.predict_all(cases, profile, moved)
+    # balanced pipelines keep their critical path; the 4-stage one (a layer per stage, the head
+    # on the last) moves it -- which is why the fit re-linearises at every round
+    balanced = np.array([c.key[2] <= 2 for c in cases])
+    assert np.allclose(lin[balanced], real[balanced], rtol=1e-6)
+    assert np.all(lin[~balanced] <= real[~balanced] * (1 + 1e-9))  # max-plus: convex in the terms
+
+
+def test_fit_recovers_known_terms(profile, cases):
+    truth = StepTerms(compute_scale=1.05, memory_scale=1.2, dispatch_s=4e-5, micro_batch_s=1.5e-3,
+                      pipeline_micro_batch_s=1e-3, step_s=5e-3)
+    seconds = step_fit.predict_all(cases, profile, truth)
+    synthetic = [dataclasses.replace(c, measured=float(s)) for c, s in zip(cases, seconds)]
+    fitted = step_fit.fit(synthetic, profile, start=StepTerms(dispatch_s=3e-5))
+    again = step_fit.predict_all(synthetic, profile, fitted)
+    assert np.max(np.abs(again / seconds - 1)) < 0.01
+    assert fitted.micro_batch_s + fitted.pipeline_micro_batch_s > 1e-3
+
+
+def test_cross_validation_predicts_every_held_out_group(profile, cases):
+    at = StepTerms(dispatch_s=3e-5)
+    cv = step_fit.cross_validate(cases, profile, at)
+    assert not np.isnan(cv.predicted).any()
+    assert set(cv.terms) == {c.key for c in cases}
+
+
+def test_interval_covers_what_it_promises():
+    rng = np.random.default_rng(0)
+    predicted = np.ones(2000)
+    measured = np.exp(rng.normal(0.0, 0.1, 2000))
+    iv = step_fit.interval_from_residuals(measured, predicted)
+    inside = (measured >= iv["lo_ratio"]) & (measured <= iv["hi_ratio"])
+    assert 0.78 <= inside.mean() <= 0.82
+    lo, hi = Interval.from_dict(iv).around(10.0, extrapolated_share=0.0)
+    assert lo < 10.0 < hi
+    wide = Interval.from_dict({**iv, "widen_per_extrapolated": 0.5}).around(10.0, 1.0)
+    assert wide[0] < lo and wide[1] > hi
+
+
+def test_bundled_profile_carries_fitted_terms_and_interval():
+    prof = load_cluster("perlmutter-a100-80gb")
+    terms, interval = of_profile(prof)
+    assert not terms.identity, "run benchmarks/endtoend.py --write-terms to fit the step terms"
+    assert interval is not None and interval.lo_ratio < 1 < interval.hi_ratio
+    section = prof.manifest["step_terms"]
+    assert section["cross_validation"]["by_layout"]["runs"] > 0
+
+
+def test_devset_rows_read_as_neox_configs(profile):
+    cfg, derived = devset.build_config(_run(tp=2, dp=1, pp=2, global_batch=8), profile.facts.gpus_per_node)
+    assert cfg.parallel.model_parallel_size == 2 and cfg.parallel.num_stages == 2
+    assert cfg.training.gradient_accumulation_steps == 4
+    assert derived.padded_vocab == 50432  # 50257 padded to a multiple of 128 * mp
+    est = predict(cfg, derived, profile).estimate
+    assert est.iteration_seconds > 0 and est.interval_seconds is not None
+
+
+def test_vtrain_runs_load_when_shared_is_present():
+    try:
+        runs = devset.load_vtrain()
+    except FileNotFoundError:
+        pytest.skip("../shared/data/vtrain-a100 not present")
+    assert len(runs) == 1440
+    assert {r.gpus for r in runs} == {2, 4, 8} and all(r.tp * r.dp * r.pp == r.gpus for r in runs)
+
+
+def test_refit_moves_only_the_named_terms(profile, cases):
+    base = StepTerms(dispatch_s=3e-5, memory_scale=1.1)
+    truth = dataclasses.replace(base, micro_batch_s=4e-3)
+    seconds = step_fit.predict_all(cases[:3], profile, truth)
+    runs = [dataclasses.replace(c, measured=float(s)) for c, s in zip(cases[:3], seconds)]
+    got = step_fit.refit(runs, profile, base, ["micro_batch_s"])
+    assert got.micro_batch_s == pytest.approx(4e-3, rel=0.02)
+    assert (got.dispatch_s, got.memory_scale) == (base.dispatch_s, base.memory_scale)
+    with pytest.raises(ValueError, match="unknown"):
+        step_fit.refit(runs, profile, base, ["nonsense"])
