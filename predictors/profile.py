@@ -1,10 +1,12 @@
 """Cluster profiles: loading the trained artifacts and predicting operator / collective times.
 
 A profile is a directory with `manifest.json` (facts, provenance, per-model metadata) and
-`arrays.npz` (all exported trees, read with allow_pickle=False). Only numpy and the
+`arrays.npz` (all exported trees, read with allow_pickle=False), or a cluster description
+(`cluster.yml` in a profile directory, or any YAML file: cluster_file.py) whose predictions
+are a sampled base profile's transferred to the described hardware (transfer.py). Only numpy and the
 standard library are imported here: `neox-perf check` loads profiles on its fast path.
 
-    >>> p = load_profile("perlmutter-a100")
+    >>> p = load_profile("perlmutter-a100-80gb")
     >>> p.predict("linear1", "fwd", {"m": 8192, "k": 6144, "n": 18432}).seconds
     >>> p.predict_collective("allreduce", elements=50_000_000, nodes=2, gpus_per_node=4)
 """
@@ -22,6 +24,7 @@ import numpy as np
 from neox_perf import opspec
 
 from . import baseline
+from .cluster_file import DESCRIPTION_FILE, is_description
 from .artifacts import MANIFEST_FILE, RETRAIN, SCHEMA, SCHEMA_VERSION, Arrays, Model
 from .errors import ProfileError
 from .facts import ClusterFacts
@@ -67,6 +70,7 @@ class ProfileInfo:
     path: Path
     gpu: str
     provenance: str
+    description: bool = False  # a cluster description (transferred), not a sampled profile
 
 
 class ClusterProfile:
@@ -286,7 +290,13 @@ def _read_arrays(directory: Path, manifest: dict) -> Optional[Arrays]:
 _LOADED: Dict[Tuple[str, int], ClusterProfile] = {}
 
 
+def _is_profile_dir(path: Path) -> bool:
+    return (path / MANIFEST_FILE).is_file() or (path / DESCRIPTION_FILE).is_file()
+
+
 def _resolve(name_or_path: Union[str, Path]) -> Path:
+    """A profile directory (manifest.json or a cluster.yml description inside) or a
+    description file."""
     text = str(name_or_path)
     bundled = _bundled_dir()
     if isinstance(name_or_path, str) and "/" not in text and "\\" not in text:
@@ -297,17 +307,27 @@ def _resolve(name_or_path: Union[str, Path]) -> Path:
     path = Path(name_or_path).expanduser()
     if path.is_file() and path.name == MANIFEST_FILE:
         return path.parent
-    if path.is_dir():
+    if path.is_dir() or is_description(path):
         return path
     names = ", ".join(p.name for p in list_profiles()) or "none found"
     raise ProfileError(text, "no such cluster profile",
-                       f"use a known profile ({names}), a profile directory, or create one with "
-                       f"`neox-perf calibrate --cluster {text}`")
+                       f"use a known profile ({names}), a profile directory, a cluster description "
+                       f"YAML, or create one with `neox-perf calibrate --cluster {text}`")
 
 
-def load_profile(name_or_path: Union[str, Path]) -> ClusterProfile:
-    """A bundled profile by name ("perlmutter-a100", "vista-gh200") or a profile directory."""
-    directory = _resolve(name_or_path).resolve()
+def load_profile(name_or_path: Union[str, Path]):
+    """A bundled profile by name ("perlmutter-a100-80gb", "vista-gh200", the description
+    "perlmutter-a100"), a profile directory, or a cluster description YAML file: a
+    ClusterProfile, or for a description a TransferredProfile with the same interface."""
+    target = _resolve(name_or_path).resolve()
+    if target.is_dir() and not (target / MANIFEST_FILE).is_file() and (target / DESCRIPTION_FILE).is_file():
+        return _load_description(target / DESCRIPTION_FILE, target)
+    if target.is_file():
+        return _load_description(target, target)
+    return _load_sampled(target)
+
+
+def _load_sampled(directory: Path) -> ClusterProfile:
     manifest_path = directory / MANIFEST_FILE
     stamp = manifest_path.stat().st_mtime_ns if manifest_path.is_file() else 0
     hit = _LOADED.get((str(directory), stamp))
@@ -325,9 +345,34 @@ def load_profile(name_or_path: Union[str, Path]) -> ClusterProfile:
     return profile
 
 
+def _load_description(file: Path, path: Path):
+    from . import cluster_file, transfer
+    stamp = file.stat().st_mtime_ns if file.is_file() else 0
+    hit = _LOADED.get((str(file), stamp))
+    if hit is not None:
+        return hit
+    desc = cluster_file.read(file)
+    base_ref = desc.base_path()
+    try:
+        base_target = _resolve(base_ref).resolve()
+    except ProfileError:
+        names = ", ".join(p.name for p in list_profiles() if not p.description) or "none found"
+        raise ProfileError(file, f"base: no sampled profile {desc.base!r}",
+                           f"use a sampled profile ({names}) or a profile directory") from None
+    if not (base_target.is_dir() and (base_target / MANIFEST_FILE).is_file()):
+        raise ProfileError(file, f"base: {desc.base!r} is not a sampled profile (a description cannot be a base)",
+                           "name the sampled profile that description is based on")
+    base = _load_sampled(base_target)
+    if desc.gpus_per_node > 1 and desc.intra_node_GBps is None:  # parse() already refuses this
+        raise ProfileError(file, "intra_node_GBps: missing", "add intra_node_GBps")
+    profile = transfer.TransferredProfile(desc, base, transfer.base_gpu_of(desc, base), path=path)
+    _LOADED[(str(file), stamp)] = profile
+    return profile
+
+
 def list_profiles() -> List[ProfileInfo]:
     """Bundled profiles, then the user's (user_profiles_dir()) that a bundled name does not
-    shadow; only those whose manifest reads cleanly."""
+    shadow; only those whose manifest (or cluster description) reads cleanly."""
     out: List[ProfileInfo] = []
     for root in (_bundled_dir(), user_profiles_dir()):
         if not root.is_dir():
@@ -336,7 +381,18 @@ def list_profiles() -> List[ProfileInfo]:
             if any(info.name == directory.name for info in out):
                 continue
             try:
-                out.append(_info(directory, _read_manifest(directory)))
+                if (directory / MANIFEST_FILE).is_file():
+                    out.append(_info(directory, _read_manifest(directory)))
+                elif (directory / DESCRIPTION_FILE).is_file():
+                    out.append(_description_info(directory))
             except ProfileError:
                 continue
     return out
+
+
+def _description_info(directory: Path) -> ProfileInfo:
+    from . import cluster_file
+    desc = cluster_file.read(directory / DESCRIPTION_FILE)
+    return ProfileInfo(desc.name, directory, desc.gpu.name,
+                       f"description: {desc.gpu.name} nodes, samples transferred from {desc.base}",
+                       description=True)

@@ -1,6 +1,7 @@
-"""Text for `neox-perf clusters`."""
+"""Text for `neox-perf clusters` (and `clusters --gpus`)."""
 from __future__ import annotations
 
+from rich import box
 from rich.table import Table
 
 
@@ -8,12 +9,38 @@ def _link(link) -> str:
     return getattr(link, "name", None) or str(link)
 
 
+def _num(value, fmt: str = "{:g}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
 def render(result, console) -> None:
-    table = Table(title="Cluster profiles", title_justify="left")
-    for col in ("name", "GPU", "memory", "GPUs/node", "links", "provenance"):
-        table.add_column(col)
+    if result.gpus is not None:
+        _render_gpus(result.gpus, console)
+        return
+    table = Table(title="Cluster profiles", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    for col in ("name", "GPU", "memory", "GPUs/node", "links", "samples"):
+        table.add_column(col, no_wrap=col in ("name", "memory", "GPU"))
     for p in result.profiles:
-        table.add_row(p["name"], p["gpu"], f"{p['gpu_memory_bytes'] / 2**30:.0f} GiB",
+        samples = (f"transferred from {p['base']} ({p['samples_gpu']})" if p.get("kind") == "description"
+                   else str(p["provenance"]).split(";")[0].split(" (")[0])
+        table.add_row(p["name"], p["gpu"].replace("NVIDIA ", ""), f"{p['gpu_memory_bytes'] / 2**30:.0f} GiB",
                       str(p["gpus_per_node"]), f"{_link(p['intra_node_link'])} / {_link(p['inter_node_link'])}",
-                      str(p["provenance"]).split(";")[0])
+                      samples)
     console.print(table)
+    console.print("A cluster description YAML (see neox_perf/examples/clusters/) works wherever a "
+                  "profile name does; `neox-perf clusters --gpus` lists the GPUs it can name.")
+
+
+def _render_gpus(rows, console) -> None:
+    table = Table(title="GPUs a cluster description can name (dense rates, vendor data sheets)",
+                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    for col in ("gpu", "memory", "HBM GB/s", "fp16 TF/s", "fp32 TF/s", "SMs", "MHz"):
+        table.add_column(col, justify="left" if col == "gpu" else "right", no_wrap=True)
+    for g in rows:
+        table.add_row(g["name"], f"{g['memory_gib']:g} GiB {g['memory_type']}", _num(g["hbm_gbps"]),
+                      _num(g["fp16_tflops"]), _num(g["fp32_tflops"]), _num(g["sms"]), _num(g["boost_mhz"]))
+    console.print(table)
+    console.print("fp16 is the dense fp16/bf16 tensor (AMD: matrix) core rate, fp32 the vector rate; "
+                  "SMs are compute units on AMD. Sources:")
+    for g in rows:
+        console.print(f"  {g['name']}: {g['source']}" + (f"; {g['note']}" if g.get("note") else ""))

@@ -1,9 +1,9 @@
 """The bundled profiles: loading, facts, provenance, predictions, flags and errors."""
 import json
+import math
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +12,7 @@ import pytest
 from neox_perf import opspec
 from neox_perf.predictors import (ClusterProfile, Prediction, ProfileError, list_profiles, load_profile)
 
-NAMES = ("perlmutter-a100", "vista-gh200")
+NAMES = ("perlmutter-a100-80gb", "vista-gh200")
 HEAVY = ("sklearn", "xgboost", "torch", "deepspeed", "pandas", "scipy")
 
 
@@ -29,22 +29,22 @@ def _mid(entry, names):
 def test_list_profiles():
     infos = {p.name: p for p in list_profiles()}
     assert set(NAMES) <= set(infos)
-    assert infos["perlmutter-a100"].gpu == "NVIDIA A100-SXM4-80GB"
+    assert infos["perlmutter-a100-80gb"].gpu == "NVIDIA A100-SXM4-80GB"
     assert "GH200" in infos["vista-gh200"].gpu
-    for info in infos.values():
+    for info in (infos[n] for n in NAMES):
         assert "2509.22832" in info.provenance and "MIT" in info.provenance
         assert (info.path / "manifest.json").is_file()
 
 
 def test_load_by_name_directory_or_manifest():
-    by_name = load_profile("perlmutter-a100")
+    by_name = load_profile("perlmutter-a100-80gb")
     by_dir = load_profile(str(by_name.path))
     by_file = load_profile(by_name.path / "manifest.json")
     assert by_name.facts == by_dir.facts == by_file.facts
 
 
 def test_facts():
-    p, v = load_profile("perlmutter-a100").facts, load_profile("vista-gh200").facts
+    p, v = load_profile("perlmutter-a100-80gb").facts, load_profile("vista-gh200").facts
     assert (p.gpus_per_node, v.gpus_per_node) == (4, 1)
     assert p.gpu_memory_bytes == 80 * 2 ** 30 and v.gpu_memory_bytes == 96 * 2 ** 30
     assert p.intra_node_link.name.startswith("NVLink") and p.inter_node_link.name == "Slingshot-10"
@@ -191,8 +191,7 @@ def test_collectives_grow_with_size(profile):
 
 
 def test_loading_does_not_import_training_libraries():
-    code = ("import sys, time\n"
-            "t = time.perf_counter()\n"
+    code = ("import sys\n"
             "from neox_perf.predictors import load_profile\n"
             "ps = [load_profile(n) for n in %r]\n"
             "for p in ps:\n"
@@ -203,22 +202,20 @@ def test_loading_does_not_import_training_libraries():
     assert out.stdout.strip() == ""
 
 
-def test_load_and_predict_is_fast():
-    from neox_perf.predictors import profile as profile_module
-    profile_module._LOADED.clear()
-    start = time.perf_counter()
+def test_loaded_profiles_predict_a_grid():
+    # how fast is benchmarks/unit_speed.py's
     ps = [load_profile(n) for n in NAMES]
     for p in ps:
-        for i in range(150):
-            p.predict("linear1", "fwd", {"m": 1024 + 64 * i, "k": 4096, "n": 12288})
-    elapsed = time.perf_counter() - start
-    assert elapsed < 1.0  # ~20-60 ms on an idle core; generous for loaded CI machines
+        seconds = [p.predict("linear1", "fwd", {"m": 1024 + 64 * i, "k": 4096, "n": 12288}).seconds
+                   for i in range(150)]
+        assert all(s > 0 and math.isfinite(s) for s in seconds)
+        assert seconds[-1] > seconds[0]  # 10x the rows of a GEMM take longer
 
 
 # ---- errors ------------------------------------------------------------------------------
 
 def _copy(tmp_path) -> Path:
-    src = load_profile("perlmutter-a100").path
+    src = load_profile("perlmutter-a100-80gb").path
     dst = tmp_path / "copy"
     shutil.copytree(src, dst)
     return dst
@@ -227,7 +224,7 @@ def _copy(tmp_path) -> Path:
 def test_unknown_profile_name():
     with pytest.raises(ProfileError) as info:
         load_profile("summit-v100")
-    assert "summit-v100" in str(info.value) and "perlmutter-a100" in str(info.value)
+    assert "summit-v100" in str(info.value) and "perlmutter-a100-80gb" in str(info.value)
 
 
 def test_directory_without_manifest(tmp_path):
