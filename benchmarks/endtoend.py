@@ -89,6 +89,12 @@ def main(argv=None) -> int:
     ap.add_argument("--write-terms", metavar="PROFILE_DIR",
                     help="store the fitted terms and interval in this profile's manifest")
     ap.add_argument("--rounds", type=int, default=4, help="re-linearisation rounds of the fit")
+    ap.add_argument("--other-gpu-widen", type=float, default=0.109,
+                    help="relative widening of the interval on another GPU: the median operator "
+                         "error of leave-one-GPU-out (benchmarks/transfer_gpu.py, A100 -> GH200)")
+    ap.add_argument("--also-write", metavar="PROFILE_DIR", action="append", default=[],
+                    help="also store the same terms in this profile (terms fitted on another GPU: "
+                         "its interval widens by --other-gpu-widen)")
     args = ap.parse_args(argv)
     started = time.perf_counter()
     try:
@@ -148,14 +154,16 @@ def main(argv=None) -> int:
           f"cross-validated {s_cv['mape']:.2f}% (signed {s_cv['mean_signed']:+.2f}%), worst layout "
           f"class {worst_class:.1f}%; vTrain's own simulator reports 8.37% on this set")
     print(f"({time.perf_counter() - started:.0f} s)")
-    if args.write_terms:
-        _write_terms(Path(args.write_terms), {
+    for target in ([args.write_terms] if args.write_terms else []) + list(args.also_write):
+        _write_terms(Path(target), {
             "terms": terms.to_dict(), "interval": interval,
             "fitted_on": f"vTrain single-node A100 runs ({len(runs)} iterations) through {profile.name}",
+            "fitted_gpu": profile.facts.gpu_name,
+            "other_gpu_widen": args.other_gpu_widen,
             "assumptions": devset.ASSUMPTIONS,
             "cross_validation": {"by_layout": s_cv, "worst_layout_class_mape": worst_class,
                                  **{f"by_{k.replace(' ', '_')}": v for k, v in by.items()}},
-            "command": "python benchmarks/endtoend.py --write-terms " + str(args.write_terms),
+            "command": "python benchmarks/endtoend.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         })
     return 0
 

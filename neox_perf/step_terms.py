@@ -99,8 +99,24 @@ class Interval:
 
 
 def of_profile(profile) -> Tuple[StepTerms, Optional[Interval]]:
-    """The step terms and interval a profile's manifest carries (identity and None without)."""
+    """The step terms and interval a profile's manifest carries (identity and None without).
+
+    Terms measured on one GPU and applied to another (a description transferred to another
+    GPU, or a profile whose end-to-end runs came from elsewhere) keep their values, but the
+    interval widens by the section's `other_gpu_widen`: the operator error measured when one
+    GPU's samples predict another's (benchmarks/transfer_gpu.py)."""
     section = (getattr(profile, "manifest", None) or {}).get("step_terms") or {}
     terms = StepTerms.from_dict(section["terms"]) if section.get("terms") else StepTerms()
     interval = Interval.from_dict(section["interval"]) if section.get("interval") else None
+    fitted_gpu = section.get("fitted_gpu")
+    gpu = getattr(getattr(profile, "facts", None), "gpu_name", None)
+    if interval is not None and fitted_gpu and gpu and not _same_gpu(fitted_gpu, gpu):
+        widen = float(section.get("other_gpu_widen", 0.0))
+        interval = Interval(interval.lo_ratio / (1 + widen), interval.hi_ratio * (1 + widen),
+                            interval.widen_per_extrapolated)
     return terms, interval
+
+
+def _same_gpu(a: str, b: str) -> bool:
+    norm = lambda s: "".join(ch for ch in s.lower() if ch.isalnum()).replace("nvidia", "")
+    return norm(a) == norm(b)

@@ -136,3 +136,17 @@ def test_refit_moves_only_the_named_terms(profile, cases):
     assert (got.dispatch_s, got.memory_scale) == (base.dispatch_s, base.memory_scale)
     with pytest.raises(ValueError, match="unknown"):
         step_fit.refit(runs, profile, base, ["nonsense"])
+
+
+def test_interval_widens_on_a_gpu_the_terms_were_not_fitted_on():
+    class P:
+        def __init__(self, gpu):
+            self.facts = type("F", (), {"gpu_name": gpu})()
+            self.manifest = {"step_terms": {"terms": {"dispatch_s": 1e-5},
+                                            "interval": {"lo_ratio": 0.9, "hi_ratio": 1.1},
+                                            "fitted_gpu": "NVIDIA A100-SXM4-80GB",
+                                            "other_gpu_widen": 0.1}}
+    _, same = of_profile(P("A100-SXM4-80GB"))
+    _, other = of_profile(P("NVIDIA GH200 120GB"))
+    assert (same.lo_ratio, same.hi_ratio) == (0.9, 1.1)
+    assert other.lo_ratio == pytest.approx(0.9 / 1.1) and other.hi_ratio == pytest.approx(1.21)
