@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import gc
 import math
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import lru_cache
 from types import MappingProxyType
@@ -208,19 +209,23 @@ def simulate_1f1b(
             gc.enable()
 
 
-def _simulate(stages: Sequence[StageCost], micro_batches: int, p2p_rendezvous: bool,
-              optimizer_sync: bool) -> Timeline:
-    stages = list(stages)
-    p = len(stages)
-    m = micro_batches
-    _check_shape(p, m)
-    _check_costs(stages)
+# Recent instruction-stream simulations, bounded by the events they hold.
+_STREAMS: "OrderedDict[tuple, tuple]" = OrderedDict()
+_STREAM_EVENTS_MAX = 200_000
 
+
+def _remember(key, value) -> None:
+    _STREAMS[key] = value
+    held = sum(len(v[0]) for v in _STREAMS.values())
+    while held > _STREAM_EVENTS_MAX and len(_STREAMS) > 1:
+        _, old = _STREAMS.popitem(last=False)
+        held -= len(old[0])
+
+
+def _streams(p: int, m: int, fwd, bwd, send_act, send_grad, p2p_rendezvous: bool):
+    """Every stage's TrainSchedule stream up to its last backward: (events, clock, last backward
+    end, own p2p seconds) per stage."""
     progs = [_program(p, m, s) for s in range(p)]
-    fwd = [c.forward for c in stages]
-    bwd = [c.backward for c in stages]
-    send_act = [c.send_activation for c in stages]
-    send_grad = [c.send_gradient for c in stages]
 
     ptr = [0] * p
     clock = [0.0] * p
@@ -344,6 +349,33 @@ def _simulate(stages: Sequence[StageCost], micro_batches: int, p2p_rendezvous: b
     stuck = [s for s in range(p) if ptr[s] < len(progs[s])]
     if stuck:
         raise RuntimeError(f"pipeline deadlock: stages {stuck} blocked on p2p")
+    return tuple(events), tuple(clock), tuple(last_bwd_end), tuple(sent)
+
+
+def _simulate(stages: Sequence[StageCost], micro_batches: int, p2p_rendezvous: bool,
+              optimizer_sync: bool) -> Timeline:
+    stages = list(stages)
+    p = len(stages)
+    m = micro_batches
+    _check_shape(p, m)
+    _check_costs(stages)
+
+    fwd = [c.forward for c in stages]
+    bwd = [c.backward for c in stages]
+    send_act = [c.send_activation for c in stages]
+    send_grad = [c.send_gradient for c in stages]
+    # Layouts that differ only after the last backward (ZeRO stage, data-parallel sync, update)
+    # replay the same instruction streams: simulate those once.
+    key = (tuple(fwd), tuple(bwd), tuple(send_act), tuple(send_grad), m, p2p_rendezvous)
+    hit = _STREAMS.get(key)
+    if hit is None:
+        hit = _streams(p, m, fwd, bwd, send_act, send_grad, p2p_rendezvous)
+        _remember(key, hit)
+    stream_events, clock, last_bwd_end, sent = hit
+    clock = list(clock)
+    events = list(stream_events)
+    ev = events.append
+    _new = tuple.__new__
 
     # End of batch: ReduceTiedGrads, ReduceGrads, OptimizerStep, in that order on every stage.
     ready = list(clock)

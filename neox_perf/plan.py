@@ -1,0 +1,798 @@
+"""The layouts NeoX and DeepSpeed would accept for one model on given GPUs, ranked by predicted
+time to train (the core of `neox-perf plan`; commands/plan.py only adapts the command line).
+
+Every candidate is the user's merged config with a few keys replaced (`Planner.overrides`, the
+same keys `--write` puts in the overlay), built by the same `config.build` as `check`, judged by
+the same `checks.config_verdicts`, derived and predicted through `predict()`. What keeps a plan
+of thousands of layouts within seconds:
+- the layer list, DeepSpeed's partition and the per-stage parameter counts depend only on
+  (model parallel, stages, partition method): computed once per such triple, with only memory,
+  FLOPs and tokens redone per candidate (`SharedDerive`; a test holds it equal to `derive()` on
+  every candidate of a plan); memory stops at the first stage over the headroom;
+- a layout is timed only if it can matter: a lower bound from its stage times (one transformer
+  layer's operators, shared by every layout with the same model parallel and micro-batch) skips
+  layouts that can reach neither the rows shown, nor a rank above the user's own layout, nor
+  the time/GPU-hours Pareto front; the ranks of what is shown stay exact (a test compares a
+  bounded plan with a fully timed one);
+- operator and collective predictions are memoised per shape inside the cluster profile, and
+  the timeline replays an instruction stream once for layouts that differ only after the last
+  backward (ZeRO stage, data-parallel sync).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+from .config import WorldRequest, build
+from .config.loader import RawConfig
+from .config.neox_keys import KEYS, ZERO_DEFAULTS
+from .errors import ConfigError, UsageError
+
+# DeepSpeed's partition methods that NeoX configs use; the user's own is always tried too.
+PARTITION_METHODS = ("type:transformer|mlp", "parameters", "uniform")
+# Config findings that do not depend on the layout: the plan stops on them as `check` would.
+LAYOUT_CODES = {"heads_divisible_by_mp", "kv_heads_divisible_by_mp", "zero_with_model_parallel",
+                "moe_zero", "batch_triple", "world_divisible"}
+# Order in which a "no layout" line names the constraints (the order they are applied in).
+REASON_ORDER = ("heads_divisible_by_mp", "kv_heads_divisible_by_mp", "mlp_divisible_by_mp",
+                "stage_without_layers", "partition", "zero_with_model_parallel", "moe_zero",
+                "bf16_zero0_pipeline", "config", "out_of_memory")
+
+
+@dataclass(frozen=True)
+class Layout:
+    gpus: int
+    pipe_parallel_size: int
+    model_parallel_size: int
+    data_parallel_size: int
+    train_micro_batch_size_per_gpu: int
+    gradient_accumulation_steps: int
+    checkpoint_activations: bool
+    zero_stage: int
+    pipe_partition_method: str
+
+    @property
+    def num_stages(self) -> int:
+        return max(self.pipe_parallel_size, 1)
+
+    @property
+    def train_batch_size(self) -> int:
+        return (self.train_micro_batch_size_per_gpu * self.gradient_accumulation_steps
+                * self.data_parallel_size)
+
+    def short(self) -> str:
+        return f"{self.num_stages}-{self.model_parallel_size}-{self.data_parallel_size}"
+
+
+def layout_of(cfg) -> Layout:
+    p, t = cfg.parallel, cfg.training
+    return Layout(p.world_size, p.pipe_parallel_size, p.model_parallel_size, p.data_parallel_size,
+                  t.micro_batch_size, t.gradient_accumulation_steps, t.checkpoint_activations,
+                  t.zero_stage, p.pipe_partition_method)
+
+
+@dataclass
+class Candidate:
+    """One admissible layout with its prediction."""
+
+    layout: Layout
+    iteration_seconds: float
+    interval_seconds: Optional[Tuple[float, float]]
+    tokens_per_second: float
+    mfu: Optional[float]
+    max_memory_fraction: float
+    fits: bool
+    dominant: str  # the largest cost on the critical path, one word
+    seconds_per_batch: float  # iteration time scaled to the plan's global batch (the rank key)
+    run_seconds: Optional[float]  # train_iters x the plan's global batch
+    gpu_hours: Optional[float]
+    batch_difference: int  # this layout's global batch minus the plan's
+    breakdown: Dict[str, float] = field(repr=False, default_factory=dict)
+    rank: Optional[int] = None
+    pareto: bool = False
+
+    @property
+    def cost(self) -> float:
+        """What the GPUs are busy for: run GPU-hours, or GPU-seconds per batch without train_iters."""
+        return self.gpu_hours if self.gpu_hours is not None else self.seconds_per_batch * self.layout.gpus
+
+
+@dataclass
+class Baseline:
+    """The user's own layout at one GPU count: a Candidate, or why it is not admissible."""
+
+    gpus: int
+    layout: Optional[Layout]
+    candidate: Optional[Candidate]
+    reason: Optional[str]  # why it is not among the admissible candidates
+    max_memory_fraction: Optional[float] = None
+    rank: Optional[int] = None
+
+
+@dataclass
+class Plan:
+    gpus: Tuple[int, ...]
+    global_batch: int
+    global_batch_source: str
+    train_iters: Optional[int]
+    headroom: float
+    candidates: List[Candidate]  # admissible, best first
+    baselines: List[Baseline]
+    evaluated: int
+    predicted: int
+    admissible: int
+    bounded: int
+    duplicates: int  # layouts whose partition method cuts the stages of one already counted
+    rejected: Dict[str, int]
+    no_layout: Dict[int, str]  # GPU count -> one line naming what excluded every layout
+    seconds: float
+    warnings: List[str] = field(default_factory=list)
+
+
+@dataclass
+class _Rejection:
+    code: str
+    detail: str = ""
+    memory_fraction: Optional[float] = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Derivation shared between candidates
+
+
+class SharedDerive:
+    """derive() with the layout-independent part computed once per (mp, stages, method).
+
+    Returns a DerivedModel equal to `derive(cfg, raw_vocab, gpu_memory_bytes)` (a test checks it
+    on every candidate of a plan), by calling derive's own building blocks in derive's order.
+    """
+
+    def __init__(self, raw_vocab: int, gpu_memory_bytes: Optional[int]):
+        self.raw_vocab = raw_vocab
+        self.gpu_memory_bytes = gpu_memory_bytes
+        self._structure: Dict[tuple, tuple] = {}
+        self._recomputed: Dict[tuple, frozenset] = {}
+        self._flops: Dict[tuple, object] = {}
+        self.builds = 0  # structures computed (for tests: sharing really happens)
+
+    def structure(self, model, mp: int, num_stages: int, method: str, opts):
+        """(padded vocab, layers, parts, per-stage parameter counts, totals, largest layer)."""
+        from .derive.layers import build_layers
+        from .derive.params import param_totals, stage_params
+        from .derive.partition import partition
+        from .derive.vocab import padded_vocab_size
+        mp = max(mp, 1)
+        key = (model, mp, num_stages, method, opts)
+        hit = self._structure.get(key)
+        if hit is None:
+            self.builds += 1
+            vocab = padded_vocab_size(self.raw_vocab, model.make_vocab_size_divisible_by, mp)
+            layers = build_layers(model, mp, vocab, opts)
+            parts = tuple(partition(layers, num_stages, method))
+            counts = stage_params(layers, parts, mp)
+            totals = param_totals(layers, counts, mp)
+            largest = max(l.params for l in layers)
+            hit = (vocab, layers, parts, counts, totals, largest)
+            self._structure[key] = hit
+        return hit
+
+    def __call__(self, cfg, stop_above: Optional[float] = None):
+        """derive(cfg); with `stop_above` (bytes), None as soon as one stage needs more (the
+        first and last stages, the usual peaks, are computed first)."""
+        from .derive import DeriveOptions
+        from .derive.flops import flops
+        from .derive.layers import recomputed_layers
+        from .derive.memory import stage_memory
+        from .derive.model import DerivedModel, Stage, Tokens, _warnings
+        model, parallel, training = cfg.model, cfg.parallel, cfg.training
+        opts = DeriveOptions.from_values(cfg.values)
+        vocab, layers, parts, counts, totals, largest = self.structure(
+            model, parallel.model_parallel_size, parallel.num_stages,
+            parallel.pipe_partition_method, opts)
+        num_stages = parallel.num_stages
+        pipelined = parallel.pipe_parallel_size >= 1
+        order = [0] + list(range(num_stages - 1, 0, -1))
+        memories = {}
+        for s in order:
+            mem = stage_memory(stage=s, num_stages=num_stages, layers=layers[parts[s]:parts[s + 1]],
+                               model=model, parallel=parallel, training=training, padded_vocab=vocab,
+                               stage_params=counts[s].per_rank, largest_layer_params=largest,
+                               gpu_memory_bytes=self.gpu_memory_bytes, opts=opts)
+            if stop_above is not None and mem.total > stop_above:
+                return None
+            memories[s] = mem
+        stages = []
+        for s in range(num_stages):
+            chunk = layers[parts[s]:parts[s + 1]]
+            stages.append(Stage(
+                index=s, start=parts[s], stop=parts[s + 1],
+                layer_names=tuple(l.name for l in chunk),
+                transformer_layers=sum(1 for l in chunk if l.is_block),
+                params_per_rank=counts[s].per_rank, unique_params=counts[s].unique,
+                tied_copy_params=counts[s].tied_copy, memory=memories[s]))
+        interval = training.checkpoint_num_layers if training.checkpoint_activations else 0
+        rkey = (id(layers), parts, interval, pipelined)
+        recomputed = self._recomputed.get(rkey)
+        if recomputed is None:
+            recomputed = self._recomputed[rkey] = recomputed_layers(layers, parts, interval, pipelined)
+        # flops() reads these training fields only; the equality test holds it to derive().
+        fkey = (rkey, vocab, opts, training.train_batch_size, training.checkpoint_activations,
+                training.train_iters)
+        estimate = self._flops.get(fkey)
+        if estimate is None:
+            estimate = self._flops[fkey] = flops(model, training, layers, vocab, recomputed, opts)
+        per_iter = training.train_batch_size * model.seq_length
+        iters = training.train_iters
+        tokens = Tokens(per_iter, None if iters is None else per_iter * iters)
+        return DerivedModel(
+            padded_vocab=vocab, layers=layers, parts=parts, stages=tuple(stages), params=totals,
+            flops=estimate, tokens=tokens, options=opts,
+            warnings=tuple(_warnings(cfg, opts, layers, stages, pipelined)))
+
+
+# ---------------------------------------------------------------------------------------------
+# The planner
+
+
+def divisors(n: int) -> List[int]:
+    small = [d for d in range(1, int(math.isqrt(n)) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def _values(raw: RawConfig):
+    """NeoX's effective raw value of a key: the merged config's, else NeoX's default."""
+    def get(key):
+        value = raw.values.get(key)
+        return KEYS[key][1] if value is None else value
+    return get
+
+
+class Planner:
+    def __init__(self, raw: RawConfig, profile, raw_vocab: int, *, headroom: float = 0.9,
+                 gpus_per_node: Optional[int] = None, global_batch: Optional[int] = None,
+                 max_micro_batch: Optional[int] = None, keep: int = 10):
+        if not 0 < headroom <= 1:
+            raise UsageError(f"--memory-headroom {headroom:g} must be in (0, 1]")
+        self.raw = raw
+        self.profile = profile
+        self.facts = profile.facts
+        self.capacity = self.facts.gpu_memory_bytes
+        self.headroom = headroom
+        self.raw_vocab = raw_vocab
+        self.gpus_per_node = gpus_per_node
+        self.max_micro_batch = max_micro_batch
+        self.keep = keep  # layouts the caller shows; 0: every admissible layout is timed
+        # (mp, micro, pipeline engine) -> per-layer and end-of-pipe seconds, for the bound
+        self._units: Dict[tuple, tuple] = {}
+        self._timed: Dict[Layout, Candidate] = {}  # layouts the bound predicted in full
+        self._tails: Dict[tuple, tuple] = {}  # _tail_key -> per-stage sync + update seconds
+        self._engine_terms = bool((getattr(profile, "manifest", None) or {}).get("engine"))
+        self.bounded = 0
+        self.value = _values(raw)
+        self.shared = SharedDerive(raw_vocab, self.capacity)
+        self._global_batch = global_batch
+        self._verdict_cache: Dict[tuple, Optional[_Rejection]] = {}
+
+    # -- the user's config --------------------------------------------------------------------
+
+    def build(self, gpus: int, overrides: Optional[dict] = None):
+        raw = self.raw
+        if overrides:
+            values = dict(raw.values)
+            values.update(overrides)
+            sources = dict(raw.sources)
+            sources.update({k: "<plan>" for k in overrides})
+            raw = RawConfig(values=values, sources=sources, warnings=[], files=list(raw.files))
+        return build(raw, WorldRequest(gpus=gpus, gpus_per_node=self.gpus_per_node),
+                     cluster_gpus_per_node=self.facts.gpus_per_node)
+
+    def global_batch(self, gpus: Sequence[int]) -> Tuple[int, str]:
+        if self._global_batch:
+            return self._global_batch, "--global-batch"
+        tbs = self.raw.values.get("train_batch_size")
+        if isinstance(tbs, int) and tbs > 0:
+            return tbs, f"train_batch_size ({self.raw.sources.get('train_batch_size')})"
+        worlds = list(gpus)
+        g = self.raw.values.get("global_num_gpus")
+        if isinstance(g, int) and g > 0:
+            worlds.insert(0, g)
+        for world in worlds:
+            try:
+                cfg, verdicts, _ = self.build(world)
+            except ConfigError:
+                continue
+            if any(v.level == "error" and v.code in ("world_divisible", "batch_triple") for v in verdicts):
+                continue
+            t, p = cfg.training, cfg.parallel
+            return t.train_batch_size, (f"micro {t.micro_batch_size} x accumulation "
+                                        f"{t.gradient_accumulation_steps} x dp {p.data_parallel_size} "
+                                        f"of the config at {world} GPUs")
+        # The config's own layout divides none of the GPU counts: its micro-batch x accumulation
+        # at the data parallel degree nearest to what the first count would give.
+        micro, gas = self.value("train_micro_batch_size_per_gpu"), self.value("gradient_accumulation_steps")
+        pp, mp = max(self.value("pipe_parallel_size") or 0, 1), max(self.value("model_parallel_size") or 0, 1)
+        if isinstance(micro, int) and isinstance(gas, int) and micro > 0 and gas > 0:
+            dp = max(1, round(worlds[0] / (pp * mp)))
+            return micro * gas * dp, (f"micro {micro} x accumulation {gas} x dp {dp}, the config's "
+                                      f"pipe {pp} x model {mp} not dividing {worlds[0]} GPUs")
+        raise ConfigError("neither train_batch_size nor train_micro_batch_size_per_gpu is set, so "
+                          "there is no global batch to keep", file=self.raw.files[0] if self.raw.files
+                          else None, key="train_micro_batch_size_per_gpu",
+                          fix="set train_micro_batch_size_per_gpu (and gradient_accumulation_steps), "
+                              "or pass --global-batch N")
+
+    def overrides(self, layout: Layout) -> Dict[str, object]:
+        """Normalised keys -> values that turn the user's merged config into `layout`, leaving
+        out every key whose NeoX value (config or default) is already the one wanted."""
+        v = self.value
+        want = {
+            "pipe_parallel_size": layout.pipe_parallel_size,
+            "model_parallel_size": layout.model_parallel_size,
+            "train_micro_batch_size_per_gpu": layout.train_micro_batch_size_per_gpu,
+            "gradient_accumulation_steps": layout.gradient_accumulation_steps,
+            "checkpoint_activations": layout.checkpoint_activations,
+            "pipe_partition_method": layout.pipe_partition_method,
+        }
+        if v("train_batch_size") is not None:
+            want["train_batch_size"] = layout.train_batch_size
+        zero = v("zero_optimization")
+        if (zero or ZERO_DEFAULTS).get("stage") != layout.zero_stage:
+            # NeoX replaces a zero_optimization dict wholesale: carry the user's other settings.
+            want["zero_optimization"] = dict(zero or ZERO_DEFAULTS, stage=layout.zero_stage)
+        out = {}
+        for key, value in want.items():
+            current = v(key)
+            if key == "model_parallel_size":
+                current = max(current, 1)  # build() reads mp 0 as 1
+            if current != value or type(current) is not type(value):
+                out[key] = value
+        return out
+
+    # -- the candidate space ------------------------------------------------------------------
+
+    def space(self, gpus: int, batch: int) -> Iterator[Layout]:
+        """Every layout of `gpus` GPUs the plan considers, structurally rejected ones included
+        (they are counted as rejected, by reason)."""
+        m = self.model
+        user_method = str(self.value("pipe_partition_method"))
+        methods = [user_method] + [x for x in PARTITION_METHODS if x != user_method.lower()]
+        max_pp = m.num_layers
+        for mp in divisors(gpus):
+            if mp > m.num_attention_heads:
+                break
+            for pp in [0] + divisors(gpus // mp):
+                if pp > max_pp:
+                    break
+                dp = gpus // (max(pp, 1) * mp)
+                per_rank = max(1, round(batch / dp)) if batch % dp else batch // dp
+                micros = [x for x in divisors(per_rank)
+                          if not self.max_micro_batch or x <= self.max_micro_batch]
+                # DeepSpeed/NeoX allow ZeRO 2 only without pipeline and tensor parallelism
+                zeros = [0, 1] + ([2] if pp == 0 and mp == 1 else [])
+                for method in (methods if pp >= 2 else [user_method]):
+                    for micro in micros:
+                        for ckpt in (True, False):
+                            for zero in zeros:
+                                yield Layout(gpus, pp, mp, dp, micro, per_rank // micro, ckpt,
+                                             zero, method)
+
+    # -- one candidate ------------------------------------------------------------------------
+
+    def _structural(self, layout: Layout) -> Optional[_Rejection]:
+        """What rejects a layout whatever its batch, checkpointing or ZeRO stage (cached per
+        model parallel, stages and partition method)."""
+        key = (layout.model_parallel_size, layout.num_stages, layout.pipe_partition_method.lower())
+        if key in self._verdict_cache:
+            return self._verdict_cache[key]
+        from .derive import DeriveError, PartitionError
+        m, mp = self.model, layout.model_parallel_size
+        rej = None
+        if m.num_attention_heads % mp:
+            rej = _Rejection("heads_divisible_by_mp")
+        elif m.num_kv_heads % mp:
+            rej = _Rejection("kv_heads_divisible_by_mp")
+        elif any(w % mp for w in self.mlp_widths):
+            # NeoX's ColumnParallelLinear / RowParallelLinear divide their width by mp (mpu.divide)
+            rej = _Rejection("mlp_divisible_by_mp")
+        else:
+            try:
+                _, layers, parts, *_ = self.shared.structure(
+                    self.model, mp, layout.num_stages, layout.pipe_partition_method, self.options)
+            except PartitionError as exc:
+                rej = _Rejection("partition", str(exc))
+            except DeriveError as exc:
+                rej = _Rejection("config", str(exc))
+            else:
+                self._parts[key] = parts
+                if any(not any(l.is_block for l in layers[parts[s]:parts[s + 1]])
+                       for s in range(layout.num_stages)):
+                    rej = _Rejection("stage_without_layers")
+        self._verdict_cache[key] = rej
+        return rej
+
+    def refuse(self, cfg, verdicts) -> Optional[_Rejection]:
+        """Why NeoX or DeepSpeed would refuse cfg, or None."""
+        from . import checks
+        errors = [x for x in list(verdicts) + checks.config_verdicts(cfg) if x.level == "error"]
+        if errors:
+            return _Rejection(errors[0].code if errors[0].code in REASON_ORDER else "config",
+                              errors[0].message)
+        t, p = cfg.training, cfg.parallel
+        if (t.precision == "bfloat16" and t.zero_stage == 0 and p.pipe_parallel_size >= 1
+                and self.options.grad_accum_dtype in ("fp32", "float32")):
+            return _Rejection("bf16_zero0_pipeline")
+        return None
+
+    def memory(self, derived) -> Optional[_Rejection]:
+        fraction = max(s.memory.total for s in derived.stages) / self.capacity
+        if fraction > self.headroom:
+            return _Rejection("out_of_memory", memory_fraction=fraction)
+        return None
+
+    def judge(self, cfg, verdicts) -> Tuple[Optional[object], Optional[_Rejection]]:
+        """(derived model or None, why NeoX/DeepSpeed refuse cfg or it does not fit, or None):
+        the same judgement as the plan's loop, for one config."""
+        from .derive import DeriveError, PartitionError
+        rej = self.refuse(cfg, verdicts)
+        if rej is not None:
+            return None, rej
+        try:
+            derived = self.shared(cfg)
+        except PartitionError as exc:
+            return None, _Rejection("partition", str(exc))
+        except DeriveError as exc:
+            return None, _Rejection("config", str(exc))
+        if any(s.transformer_layers == 0 for s in derived.stages):
+            return derived, _Rejection("stage_without_layers")
+        return derived, self.memory(derived)
+
+    def evaluate(self, cfg, derived, batch: int) -> Candidate:
+        return self._evaluate(cfg, derived, batch)[0]
+
+    def _evaluate(self, cfg, derived, batch: int):
+        from .predict import predict
+        pred = predict(cfg, derived, self.profile)
+        est = pred.estimate
+        self._tails[_tail_key(cfg)] = tuple(t.grad_allreduce + t.optimizer + t.param_allgather
+                                            for t in est.stages)
+        it = est.iteration_seconds
+        t, p, m = cfg.training, cfg.parallel, cfg.model
+        per_batch = it * batch / t.train_batch_size
+        iters = t.train_iters
+        run = per_batch * iters if iters else None
+        peak = getattr(self.facts, "peak_fp16_tflops", None)
+        flops = derived.flops.model_per_iteration
+        mfu = flops / it / p.world_size / 1e12 / peak if peak and flops else None
+        worst = max(s.memory.total for s in derived.stages)
+        return Candidate(
+            layout=layout_of(cfg), iteration_seconds=it,
+            interval_seconds=tuple(est.interval_seconds) if est.interval_seconds else None,
+            tokens_per_second=t.train_batch_size * m.seq_length / it, mfu=mfu,
+            max_memory_fraction=worst / self.capacity, fits=worst <= self.headroom * self.capacity,
+            dominant=dominant(est), seconds_per_batch=per_batch, run_seconds=run,
+            gpu_hours=None if run is None else run * p.world_size / 3600.0,
+            batch_difference=t.train_batch_size - batch, breakdown=dict(est.breakdown)), est
+
+    # -- the whole plan -----------------------------------------------------------------------
+
+    def run(self, gpus: Sequence[int]) -> Plan:
+        # Thousands of configs, derived models and decompositions stay alive until the ranking;
+        # none holds a reference cycle, so the cyclic collector would only rescan them.
+        import gc
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return self._run(gpus)
+        finally:
+            if enabled:
+                gc.enable()
+
+    def _run(self, gpus: Sequence[int]) -> Plan:
+        start = time.perf_counter()
+        gpus = tuple(dict.fromkeys(gpus))
+        self._prepare(gpus)
+        batch, batch_source = self.global_batch(gpus)
+        rejected: Dict[str, int] = {}
+        per_gpus_rejected: Dict[int, Dict[str, _Rejection]] = {}
+        per_gpus_counts: Dict[int, Dict[str, int]] = {}
+        admitted: List[tuple] = []  # (bound, cfg, derived)
+        evaluated = duplicates = 0
+        admitted_worlds: set = set()
+        pending: Dict[int, list] = {}  # GPU count -> layouts stopped early by memory, none admitted yet
+        for world in gpus:
+            counts = per_gpus_counts.setdefault(world, {})
+            examples = per_gpus_rejected.setdefault(world, {})
+            seen_parts: Dict[tuple, str] = {}
+            for layout in self.space(world, batch):
+                evaluated += 1
+                rej = self._structural(layout)
+                cfg = None
+                if rej is None:
+                    try:
+                        cfg, verdicts, _ = self.build(world, self.overrides(layout))
+                    except ConfigError as exc:
+                        cfg, rej = None, _Rejection("config", exc.line())
+                    else:
+                        rej = self.refuse(cfg, verdicts)
+                if rej is None and layout.num_stages > 1:
+                    # Two partition methods that cut the same stages are one layout.
+                    parts = self._parts[(layout.model_parallel_size, layout.num_stages,
+                                         layout.pipe_partition_method.lower())]
+                    same = (layout.model_parallel_size, layout.pipe_parallel_size,
+                            layout.train_micro_batch_size_per_gpu, layout.checkpoint_activations,
+                            layout.zero_stage, parts)
+                    first = seen_parts.setdefault(same, layout.pipe_partition_method)
+                    if first != layout.pipe_partition_method:
+                        duplicates += 1
+                        continue
+                if rej is None:
+                    derived = self.shared(cfg, stop_above=self.headroom * self.capacity)
+                    if derived is None:
+                        rej = _Rejection("out_of_memory")
+                        if world not in admitted_worlds:  # for the "no layout" line, if it comes
+                            pending.setdefault(world, []).append(cfg)
+                    else:
+                        rej = self.memory(derived)
+                if rej is not None:
+                    counts[rej.code] = counts.get(rej.code, 0) + 1
+                    if rej.code not in examples:  # the first of each kind, for a "no layout" line
+                        examples[rej.code] = _Rejection(rej.code, rej.detail or _describe(layout))
+                    continue
+                if layout_of(cfg) != layout:  # the overrides must build exactly this layout
+                    raise AssertionError(f"planned {layout} but NeoX builds {layout_of(cfg)}")
+                admitted.append((self.bound(cfg, derived, batch), cfg, derived))
+                admitted_worlds.add(world)
+                pending.pop(world, None)
+            for code, n in counts.items():
+                rejected[code] = rejected.get(code, 0) + n
+        baselines = [self.baseline(w, batch) for w in gpus]
+        candidates = self.predict_admitted(admitted, batch, baselines)
+        rank(candidates)
+        for b in baselines:
+            self.rank_baseline(b, candidates)
+        for world, cfgs in pending.items():
+            # Nothing fits on these GPUs: name the layout that comes closest.
+            fractions = [(max(s.memory.total for s in self.shared(c).stages) / self.capacity, c)
+                         for c in cfgs]
+            fraction, cfg = min(fractions, key=lambda fc: fc[0])
+            per_gpus_rejected[world]["out_of_memory"] = _Rejection(
+                "out_of_memory", _describe(layout_of(cfg)), fraction)
+        no_layout = {w: self.no_layout_line(w, per_gpus_counts[w], per_gpus_rejected[w])
+                     for w in gpus if w not in admitted_worlds}
+        return Plan(gpus=gpus, global_batch=batch, global_batch_source=batch_source,
+                    train_iters=self.value("train_iters"), headroom=self.headroom,
+                    candidates=candidates, baselines=baselines, evaluated=evaluated,
+                    predicted=len(candidates), admissible=len(admitted), bounded=self.bounded,
+                    duplicates=duplicates,
+                    rejected=dict(sorted(rejected.items(), key=lambda kv: -kv[1])),
+                    no_layout=no_layout, seconds=time.perf_counter() - start)
+
+    def _prepare(self, gpus: Sequence[int]) -> None:
+        """The model (layout-independent) from the user's config; stop on a layout-independent
+        error the way `check` does."""
+        from . import checks
+        from .derive.params import mlp_widths
+        probe = {"pipe_parallel_size": 1, "model_parallel_size": 1,
+                 "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+                 "train_batch_size": None}
+        cfg, verdicts, _ = self.build(1, probe)
+        for verdict in list(verdicts) + checks.config_verdicts(cfg):
+            if verdict.level == "error" and verdict.code not in LAYOUT_CODES:
+                raise ConfigError(verdict.message, file=self.raw.sources.get(verdict.key or ""),
+                                  key=verdict.key, fix=verdict.fix)
+        self.model = cfg.model
+        self.mlp_widths = mlp_widths(cfg.model)
+        from .derive import DeriveOptions
+        self.options = DeriveOptions.from_values(self.raw.values)  # what the layer list reads
+        self._parts: Dict[tuple, tuple] = {}
+
+    def baseline(self, world: int, batch: int) -> Baseline:
+        """The user's own config at `world` GPUs, built exactly as `check` builds it."""
+        try:
+            cfg, verdicts, _ = self.build(world)
+        except ConfigError as exc:
+            return Baseline(world, None, None, exc.line())
+        layout = layout_of(cfg)
+        derived, rej = self.judge(cfg, verdicts)
+        if rej is not None and rej.code != "out_of_memory":
+            return Baseline(world, layout, None, rej.detail or REASONS[rej.code][0])
+        cand = self.evaluate(cfg, derived, batch)
+        if rej is not None:
+            return Baseline(world, layout, cand,
+                            f"needs {cand.max_memory_fraction:.0%} of GPU memory, above the "
+                            f"{self.headroom:.0%} headroom", cand.max_memory_fraction)
+        return Baseline(world, layout, cand, None, cand.max_memory_fraction)
+
+    @staticmethod
+    def rank_baseline(b: Baseline, candidates: List[Candidate]) -> None:
+        """Its rank among the admissible layouts (or where it would rank, when the plan's space
+        does not hold it, e.g. a micro-batch that changes the global batch)."""
+        if b.candidate is None or b.reason is not None:
+            return
+        same = next((c for c in candidates if c.layout == b.layout), None)
+        if same is not None:
+            b.candidate, b.rank = same, same.rank
+        else:
+            b.rank = 1 + sum(1 for c in candidates
+                             if c.seconds_per_batch < b.candidate.seconds_per_batch)
+
+    def bound(self, cfg, derived, batch: int, tails: Optional[Sequence[float]] = None) -> float:
+        """A lower bound of the candidate's seconds per plan batch, from its stage times alone:
+        stage s cannot finish before the first micro-batch has crossed stages < s, its own m
+        forwards and backwards have run, and the last backward has crossed back to stage 0.
+        The per-stage times come from one full prediction per (model parallel, micro-batch,
+        pipeline engine) -- one transformer layer, the embedding and the head cost the same in
+        every layout sharing those -- so the bound needs no decomposition and no 1F1B timeline.
+        0 (every layout timed) when the profile's engine terms depend on more than the shapes.
+        `tails`: per stage, seconds of gradient sync + update a full prediction of a layout with
+        the same stages, data parallel and ZeRO found (micro-batch and checkpointing leave them
+        unchanged); each stage also cannot finish before its own ready time plus that."""
+        if self._engine_terms:
+            return 0.0
+        stages = derived.stages
+        last = len(stages) - 1
+        key = (cfg.parallel.model_parallel_size, cfg.training.micro_batch_size,
+               cfg.parallel.pipe_parallel_size >= 1)
+        unit = self._units.get(key)
+        if unit is None or any((s.index == 0, s.index == last) not in unit[2] for s in stages):
+            cand, est = self._evaluate(cfg, derived, batch)
+            self._timed[cand.layout] = cand
+            first = next((t for s, t in zip(stages, est.stages) if s.transformer_layers), est.stages[0])
+            lf, lb = first.layer_forward, first.layer_backward
+            extras = dict(unit[2]) if unit else {}
+            for s, t in zip(stages, est.stages):
+                n = s.transformer_layers
+                extras[(s.index == 0, s.index == last)] = (t.forward - n * lf,
+                                                           t.backward - n * lb - t.recompute)
+            self._units[key] = (lf, lb, extras)
+            return cand.seconds_per_batch
+        lf, lb, extras = unit
+        m = cfg.training.gradient_accumulation_steps
+        ckpt = cfg.training.checkpoint_activations
+        fsum = bsum = best = 0.0
+        for st in stages:
+            n = st.transformer_layers
+            ef, eb = extras[(st.index == 0, st.index == last)]
+            f = n * lf + ef
+            b = n * lb + (n * lf if ckpt else 0.0) + eb
+            own = fsum + m * (f + b)
+            if own + bsum > best:
+                best = own + bsum
+            if tails is not None and own + tails[st.index] > best:
+                best = own + tails[st.index]
+            fsum += f
+            bsum += b
+        # The timeline adds the same terms in another order: allow for rounding.
+        return best * (1 - 1e-9) * batch / cfg.training.train_batch_size
+
+    def predict_admitted(self, admitted: List[tuple], batch: int,
+                         baselines: List[Baseline]) -> List[Candidate]:
+        """Time the admitted layouts in order of their bound, skipping those that can neither
+        reach the top `keep`, nor beat a user layout, nor join the time/GPU-hours Pareto front."""
+        import bisect
+        admitted.sort(key=lambda a: a[0])
+        known = {b.layout: b.candidate for b in baselines if b.candidate is not None and b.reason is None}
+        beat = max((c.seconds_per_batch for c in known.values()), default=0.0)
+        done: List[Candidate] = []
+        times: List[float] = []
+        self.bounded = 0
+        for bound, cfg, derived in admitted:
+            if self.keep and len(times) >= self.keep:
+                limit = max(times[self.keep - 1], beat)
+                tails = self._tails.get(_tail_key(cfg))
+                if bound < limit and tails is not None:
+                    bound = self.bound(cfg, derived, batch, tails)
+                gpus = cfg.parallel.world_size
+                if bound >= limit and any(c.seconds_per_batch <= bound and
+                                          c.seconds_per_batch * c.layout.gpus <= bound * gpus
+                                          for c in done):
+                    self.bounded += 1
+                    continue
+            layout = layout_of(cfg)
+            cand = known.get(layout) or self._timed.get(layout) or self.evaluate(cfg, derived, batch)
+            bisect.insort(times, cand.seconds_per_batch)
+            done.append(cand)
+        return done
+
+    def no_layout_line(self, world: int, counts: Dict[str, int],
+                       examples: Dict[str, _Rejection]) -> str:
+        m = self.model
+        parts = []
+        for code in sorted(counts, key=lambda c: REASON_ORDER.index(c) if c in REASON_ORDER else 99):
+            n = counts[code]
+            if code == "heads_divisible_by_mp":
+                parts.append(f"heads {m.num_attention_heads} divide by mp "
+                             f"{_list(divisors(m.num_attention_heads))} only")
+            elif code == "kv_heads_divisible_by_mp":
+                parts.append(f"kv heads {m.num_kv_heads} divide by mp {_list(divisors(m.num_kv_heads))} only")
+            elif code == "mlp_divisible_by_mp":
+                g = math.gcd(*self.mlp_widths)
+                parts.append(f"MLP widths {'/'.join(map(str, self.mlp_widths))} divide by mp "
+                             f"{_list([d for d in divisors(g) if d <= m.num_attention_heads])} only")
+            elif code == "out_of_memory":
+                ex = examples[code]
+                parts.append(f"{n} layouts need more than {self.headroom:.0%} of "
+                             f"{self.capacity / 2**30:.0f} GiB (least: {ex.memory_fraction:.0%} at "
+                             f"{ex.detail})")
+            else:
+                parts.append(f"{n} layouts: {REASONS.get(code, (code,))[0]}"
+                             + (f" (e.g. {examples[code].detail})" if examples[code].detail else ""))
+        if not parts:
+            parts.append(f"no split of {world} GPUs into pipe x model x data parallel has "
+                         f"pipe <= {m.num_layers} layers and model parallel <= "
+                         f"{m.num_attention_heads} heads")
+        return f"--gpus {world} admits no layout: " + "; ".join(parts)
+
+
+REASONS = {
+    "heads_divisible_by_mp": ("model parallel does not divide the attention heads",),
+    "kv_heads_divisible_by_mp": ("model parallel does not divide the KV heads",),
+    "mlp_divisible_by_mp": ("model parallel does not divide the MLP width",),
+    "stage_without_layers": ("a pipeline stage would hold no transformer layer",),
+    "partition": ("DeepSpeed cannot partition the layers",),
+    "zero_with_model_parallel": ("ZeRO 2/3 with pipeline or model parallelism",),
+    "moe_zero": ("MoE with ZeRO 2/3",),
+    "bf16_zero0_pipeline": ("bf16 + ZeRO 0 + pipeline with fp32 gradient accumulation "
+                            "(DeepSpeed raises)",),
+    "config": ("NeoX refuses the config",),
+    "out_of_memory": ("does not fit GPU memory within the headroom",),
+}
+
+
+def _tail_key(cfg) -> tuple:
+    """What a stage's gradient sync, optimizer step and parameter all-gather depend on: its
+    parameters (model parallel, stages, partition), the data-parallel group, the ZeRO stage and,
+    for ZeRO 2 (which reduces in every micro-batch), the accumulation steps."""
+    p, t = cfg.parallel, cfg.training
+    return (p.model_parallel_size, p.pipe_parallel_size, p.pipe_partition_method.lower(),
+            p.data_parallel_size, t.zero_stage,
+            t.gradient_accumulation_steps if t.zero_stage >= 2 else None)
+
+
+def _list(xs: Sequence[int]) -> str:
+    return ", ".join(map(str, xs))
+
+
+def _describe(l: Layout) -> str:
+    method = f", partition {l.pipe_partition_method}" if l.num_stages > 1 else ""
+    return (f"pp {l.pipe_parallel_size}, mp {l.model_parallel_size}, dp {l.data_parallel_size}, "
+            f"micro {l.train_micro_batch_size_per_gpu} x {l.gradient_accumulation_steps}, "
+            f"checkpointing {'on' if l.checkpoint_activations else 'off'}, ZeRO {l.zero_stage}"
+            f"{method}")
+
+
+def dominant(est) -> str:
+    """The largest share of the critical path, in one word."""
+    c = est.timeline.components
+    b = est.breakdown
+    tp = b.get("mp_allreduce", 0.0)
+    parts = {
+        "compute": max(c.get("critical_compute_seconds", 0.0) - tp, 0.0),
+        "TP-comm": tp,
+        "bubble": c.get("bubble_seconds", 0.0),
+        "p2p": c.get("pp_p2p_seconds", 0.0),
+        "DP-sync": (c.get("dp_allreduce_exposed", 0.0) + c.get("tied_allreduce_exposed", 0.0)
+                    + max(c.get("update_seconds", 0.0) - b.get("optimizer", 0.0), 0.0)),
+        "optimizer": b.get("optimizer", 0.0),
+    }
+    return max(parts, key=parts.get)
+
+
+def rank(candidates: List[Candidate]) -> None:
+    """Best first by time to train the plan's batch; ranks 1..n; the Pareto front of time against
+    GPU-hours (with one GPU count that is the fastest layout)."""
+    candidates.sort(key=lambda c: (c.seconds_per_batch, c.layout.gpus, _order(c.layout)))
+    for i, c in enumerate(candidates, 1):
+        c.rank = i
+    best_cost = math.inf
+    for c in candidates:  # time ascending: on the front iff cheaper than everything faster
+        if c.cost < best_cost:
+            c.pareto = True
+            best_cost = c.cost
+
+
+def _order(l: Layout) -> tuple:
+    return (l.pipe_parallel_size, l.model_parallel_size, l.train_micro_batch_size_per_gpu,
+            not l.checkpoint_activations, l.zero_stage, l.pipe_partition_method)
