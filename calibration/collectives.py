@@ -27,6 +27,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 from neox_perf import opspec
 
+from .launch import progress_line
 from .store import COLLECTIVE_PHASE
 
 Shape = Tuple[int, int]  # (nodes, gpus_per_node)
@@ -122,12 +123,13 @@ def _time_one(job: Job, ranks: List[int], rank: int, group, tensors, clock, sync
     return clock() - t0
 
 
-def run_collectives(store_path, sizes: dict, *, warmup: int = 2, repeats: int = 5,
+def measure_collectives(store_path, sizes: dict, *, warmup: int = 2, repeats: int = 5,
                     dtype: str = "auto", clock: Optional[Callable[[], float]] = None,
                     threads: Optional[int] = None, timeout_s: float = 600.0,
                     echo: Callable[[str], None] = print) -> int:
-    """Measure every (collective, group shape, size) in this launch; rank 0 stores. Returns
-    the number of samples rank 0 wrote (0 on other ranks)."""
+    """Measure every (collective, group shape, size) in this launch; rank 0 stores and echoes
+    one progress line (launch.progress_line) per measured job. Returns the number of samples
+    rank 0 wrote (0 on other ranks)."""
     rank, world, local_rank, nodes, gpn = launch_layout()  # before torch: fail fast
 
     import torch
@@ -139,7 +141,7 @@ def run_collectives(store_path, sizes: dict, *, warmup: int = 2, repeats: int = 
 
     cuda = torch.cuda.is_available()
     # Same thread rule as the operator calibration, so both land on one device id.
-    from .run import pick_threads
+    from .sweep import pick_threads
     threads = pick_threads(threads, "cuda" if cuda else "cpu")
     if threads is not None:
         torch.set_num_threads(threads)
@@ -207,7 +209,7 @@ def run_collectives(store_path, sizes: dict, *, warmup: int = 2, repeats: int = 
                         info={"backend": backend, "q1": agg.q1, "q3": agg.q3, "times": list(agg.times),
                               "world": world}):
                     written += 1
-                echo(f"{job.label}: {agg.seconds * 1e6:.1f} us (IQR {agg.iqr * 1e6:.1f} us)")
+                echo(progress_line(measured=job.label, seconds=agg.seconds, iqr=agg.iqr))
             dist.barrier()  # ranks outside the group wait here, so groups never overlap
         if rank == 0:
             store.finish_run(run_id, info={"backend": backend, "world": world, "nodes": nodes,
@@ -276,7 +278,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if warmup < 0 or repeats < 1:
             raise LaunchError("--warmup must be >= 0 and --repeats >= 1")
         echo = (lambda line: None) if args.quiet else (lambda line: print(line, flush=True))
-        run_collectives(args.store, sizes, warmup=warmup, repeats=repeats, dtype=args.dtype,
+        measure_collectives(args.store, sizes, warmup=warmup, repeats=repeats, dtype=args.dtype,
                         threads=args.threads, echo=echo)
     except Exception as exc:  # one line per rank, never a traceback
         from neox_perf.errors import NeoxPerfError

@@ -27,7 +27,8 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from .launch import CalibrationFailed, free_port, rank_env, remove_shm_buffers
+from .launch import (CalibrationFailed, free_port, progress_event, progress_line, rank_env,
+                     remove_shm_buffers)
 from .phase_clock import PhaseClock
 
 # (hidden, seq, micro_batch, norm, attention, vocab): the quick plan's grid points
@@ -138,9 +139,10 @@ def _run_peers(path: Path, device: str, nproc: int, extra: List[str], measured, 
         with open(logs[0], "w") as fh:
             for line in procs[0].stdout:
                 fh.write(line)
-                if line.startswith("measured "):
+                event = progress_event(line)
+                if event is not None and "measured" in event:
                     count += 1
-                    measured(line[len("measured "):].strip())
+                    measured(str(event["measured"]))
         codes = [p.wait() for p in procs]
     finally:
         for p in procs:  # a failed peer would leave the others waiting at a barrier
@@ -198,7 +200,7 @@ def _engine_worker(path: Path, device: str, todo=ENGINE_SHAPES, peer: int = 0, p
     import deepspeed
     import torch
 
-    from .run import pick_threads
+    from .sweep import pick_threads
     torch.set_num_threads(pick_threads(None, device) or torch.get_num_threads())
     if device.startswith("cuda"):
         device = f"cuda:{peer}"
@@ -223,7 +225,7 @@ def _engine_worker(path: Path, device: str, todo=ENGINE_SHAPES, peer: int = 0, p
                 tmp = path.with_suffix(".tmp")
                 tmp.write_text(json.dumps(data, indent=1))
                 os.replace(tmp, path)  # a kill loses at most the shape in flight
-                print(f"measured {f'ZeRO-{zero} ' if zero else ''}{label}", flush=True)
+                print(progress_line(measured=f"{f'ZeRO-{zero} ' if zero else ''}{label}"), flush=True)
     import torch.distributed as dist
     if dist.is_initialized():
         # gloo's threads must stop before the interpreter does (else abort at exit), and no

@@ -8,11 +8,13 @@ from __future__ import annotations
 import ctypes
 import glob
 import importlib.util
+import json
 import os
 import socket
 import subprocess
+import threading
 from pathlib import Path
-from typing import List
+from typing import Callable, List, Optional
 
 from neox_perf.errors import NeoxPerfError
 
@@ -78,20 +80,80 @@ def rank_env(device: str) -> dict:
     return env
 
 
-def launch(cmd: List[str], env: dict, log: Path) -> None:
-    for _ in range(3):  # a free port can be taken before the rendezvous binds it
-        cmd[cmd.index("--master_port") + 1] = str(free_port())
+# Workers report progress as one JSON object per line on stdout, under this key, so the
+# launcher reads events, not wording; anything else on the line stream is log text.
+PROGRESS_KEY = "neox_perf_progress"
+
+
+def progress_line(**event) -> str:
+    """The line a worker prints (flushed) for one progress event."""
+    return json.dumps({PROGRESS_KEY: event})
+
+
+def progress_event(line: str) -> Optional[dict]:
+    """The event of a worker's progress line, or None for any other line."""
+    text = line.strip()
+    if not text.startswith("{") or PROGRESS_KEY not in text:
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    event = data.get(PROGRESS_KEY) if isinstance(data, dict) else None
+    return event if isinstance(event, dict) else None
+
+
+def launch(cmd: List[str], env: dict, log: Path, *, on_line: Optional[Callable[[str], None]] = None,
+           cwd: Optional[Path] = None, timeout_s: Optional[float] = None, what: str = "launch") -> None:
+    """Run ``cmd`` (a torchrun command line with ``--master_port``) to the end, its output
+    merged into ``log`` and each line passed to ``on_line`` as it arrives.
+
+    The port is chosen free just before each attempt, but another process can take it
+    before the rendezvous binds it: then (and only then) the launch is retried on a new
+    port. DeepSpeed's leftover shared memory is removed after every attempt. Raises
+    CalibrationFailed (one line: ``what``, the exit code, the log's last line) on failure or
+    after ``timeout_s``."""
+    for _ in range(3):
+        port = str(free_port())
+        cmd[cmd.index("--master_port") + 1] = port
         with open(log, "w") as fh:
-            proc = subprocess.run(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT)
-        remove_shm_buffers(cmd[cmd.index("--master_port") + 1])
+            proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True, errors="replace", cwd=cwd)
+            timer = threading.Timer(timeout_s, proc.kill) if timeout_s else None
+            if timer is not None:
+                timer.start()
+            try:
+                for line in proc.stdout:
+                    fh.write(line)
+                    if on_line is not None:
+                        on_line(line)
+                proc.wait()
+            finally:
+                if timer is not None:
+                    timer.cancel()
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+                remove_shm_buffers(port)
         text = log.read_text(errors="replace")
-        if proc.returncode == 0 or "EADDRINUSE" not in text:
+        if proc.returncode == 0 or ("EADDRINUSE" not in text and "address already in use" not in text):
             break
     if proc.returncode != 0:
-        lines = [line.strip() for line in text.splitlines() if line.strip()]
-        raise CalibrationFailed(f"launch failed (exit {proc.returncode}): {(lines or ['no output'])[-1][-300:]} "
+        raise CalibrationFailed(f"{what} failed (exit {proc.returncode}): {failure_line(text)} "
                                 f"(log: {log}; command: {' '.join(cmd)})")
 
+
+def failure_line(text: str) -> str:
+    """The line of a failed launch's log that says why: our workers' own one-line error
+    (it names neox-perf), else the last exception, else the last line. torchrun adds its own
+    report of the failed child after it, which says only that a child failed."""
+    lines = [line.strip() for line in text.splitlines()
+             if line.strip() and progress_event(line) is None and "ChildFailedError" not in line]
+    for marker in ("neox-perf", "Error"):
+        named = [line for line in lines if marker in line]
+        if named:
+            return named[-1][-300:]
+    return (lines or ["no output"])[-1][-300:]
 
 
 def remove_shm_buffers(port, addr: str = "127.0.0.1") -> int:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, TypeVar
 
 from neox_perf import opspec
-from neox_perf.errors import NeoxPerfError
+from neox_perf.errors import PathError
 
 FORMAT_NAME = "neox-perf-samples"
 FORMAT_VERSION = 1
@@ -84,14 +84,8 @@ CREATE INDEX IF NOT EXISTS samples_by_op ON samples (op, device_id, source);
 """
 
 
-class StoreError(NeoxPerfError):
+class StoreError(PathError):
     """The sample store cannot be opened or written; one line with the file and the fix."""
-
-    def __init__(self, path, problem: str, fix: str):
-        self.path = str(path)
-        self.problem = problem
-        self.fix = fix
-        super().__init__(" ".join(f"{self.path}: {problem} (fix: {fix})".split()))
 
 
 @dataclass(frozen=True)

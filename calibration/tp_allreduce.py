@@ -43,7 +43,7 @@ def _tp_worker(path: Path, device: str) -> int:
     import torch
     import torch.distributed as dist
 
-    from .run import pick_threads
+    from .sweep import pick_threads
     torch.set_num_threads(pick_threads(None, device) or torch.get_num_threads())
     cuda = device.startswith("cuda")
     if cuda:

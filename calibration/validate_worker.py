@@ -4,7 +4,7 @@ DeepSpeed's own phases timed on every rank.
 Launched by neox_perf.commands.validate under torchrun:
     python -m neox_perf.calibration.validate_worker --phases-dir DIR -- <workload arguments>
 Each rank writes DIR/rank.R.json (per iteration: seconds per phase and in total); rank 0
-appends one line per iteration to DIR/progress for the progress bar.
+prints one progress line (launch.progress_line) per iteration for the progress bar.
 """
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import json
 import os
 from typing import List, Optional
 
+from .launch import progress_line
 from .phase_clock import PhaseClock
 
 
@@ -21,7 +22,7 @@ _PIPE_PHASES = {"ForwardPass": "forward", "BackwardPass": "backward", "SendActiv
                 "OptimizerStep": "optimizer", "LoadMicroBatch": "other"}
 
 
-def _instrument(clock: PhaseClock, iterations: List[dict], progress_file: Optional[str]) -> None:
+def _instrument(clock: PhaseClock, iterations: List[dict], report: bool) -> None:
     from deepspeed.runtime.engine import DeepSpeedEngine
     from deepspeed.runtime.pipe import engine as pipe_engine
 
@@ -46,9 +47,8 @@ def _instrument(clock: PhaseClock, iterations: List[dict], progress_file: Option
             start = clock.now()
             out = fn(*args)
             iterations.append({**clock.current, "iteration": clock.now() - start})
-            if progress_file:
-                with open(progress_file, "a") as fh:
-                    fh.write(f"{len(iterations)}\n")
+            if report:
+                print(progress_line(iteration=len(iterations)), flush=True)
             return out
         return run
 
@@ -65,8 +65,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
     rank = int(os.environ.get("RANK", "0"))
     clock, iterations = PhaseClock(), []
-    progress_file = os.path.join(args.phases_dir, "progress") if rank == 0 else None
-    _instrument(clock, iterations, progress_file)
+    _instrument(clock, iterations, report=rank == 0)
     from .workload import train
     code = train.main(rest)
     with open(os.path.join(args.phases_dir, f"rank.{rank}.json"), "w") as fh:

@@ -4,7 +4,7 @@
 
 `install()` is what our sitecustomize calls. It adds a `sys.meta_path` finder that waits
 for `import deepspeed`, lets the real import run, then wraps `deepspeed.initialize`
-(engine_patch). If deepspeed is already imported it patches at once. No torch import here:
+(attach). If deepspeed is already imported it patches at once. No torch import here:
 every Python process started with the switch (launchers, compilers) runs this.
 """
 from __future__ import annotations
@@ -65,8 +65,8 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 def _patch(module) -> None:
     try:
-        from . import engine_patch
-        engine_patch.patch_deepspeed(module)
+        from . import attach
+        attach.patch_deepspeed(module)
     except Exception as exc:  # the import itself must succeed whatever happens here
         from .failures import report_failure
         report_failure("patching deepspeed", exc)

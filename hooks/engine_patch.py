@@ -1,9 +1,9 @@
-"""Wrapping deepspeed.initialize and the engine it returns.
+"""Wrapping the engine deepspeed.initialize returned (attach.py wraps initialize itself).
 
-`deepspeed.initialize` is replaced by a wrapper that calls the original, then attaches a
-Session to the engine. The engine's methods are wrapped per instance (instance attributes
-shadow the class's), so other engines and the DeepSpeed classes are untouched and
-unwrapping is deleting the attributes again:
+The engine's methods are wrapped per instance (instance attributes shadow the class's), so
+other engines and the DeepSpeed classes are untouched and unwrapping is deleting the
+attributes again. The wrappers call the session they are given (session.Session); this
+module never imports it:
 - PipelineEngine: `train_batch` is the iteration; a per-instance copy of
   `_INSTRUCTION_MAP` labels forward/backward/send/recv/reduce/optimizer instructions.
 - DeepSpeedEngine: `forward`, `backward`, `step`, `allreduce_gradients` are labelled; an
@@ -15,13 +15,6 @@ Labels are torch.profiler ranges entered only inside profiling windows.
 from __future__ import annotations
 
 import functools
-import threading
-
-from . import failures
-
-_ATTR = "_neox_perf_wrapped"
-_lock = threading.Lock()
-_session = None
 
 _PIPE_PHASES = {
     "ForwardPass": "forward", "BackwardPass": "backward", "OptimizerStep": "optimizer_step",
@@ -29,46 +22,6 @@ _PIPE_PHASES = {
     "LoadMicroBatch": "load_micro_batch", "SendActivation": "send_activations",
     "RecvActivation": "recv_activations", "SendGrad": "send_grads", "RecvGrad": "recv_grads",
 }
-
-
-def patch_deepspeed(module) -> None:
-    original = module.initialize
-    if getattr(original, _ATTR, False):
-        return
-
-    @functools.wraps(original)
-    def initialize(*args, **kwargs):
-        result = original(*args, **kwargs)
-        _attach(result, args, kwargs)
-        return result
-
-    setattr(initialize, _ATTR, True)
-    initialize._neox_perf_original = original
-    module.initialize = initialize
-
-
-def _attach(result, args, kwargs) -> None:
-    global _session
-    try:
-        engine = result[0] if isinstance(result, (tuple, list)) else result
-        with _lock:
-            if _session is None:
-                from . import settings
-                from .session import Session
-                _session = Session(settings.read())
-        if _session.engine is None:
-            _session.attach(engine, args, kwargs)
-        elif _session.engine is not engine:
-            _session.note("a second deepspeed.initialize was not hooked (only the first engine is)")
-    except Exception as exc:
-        if _session is not None:
-            _session.fail("attaching to the DeepSpeed engine", exc)
-        else:
-            failures.report_failure("attaching to the DeepSpeed engine", exc)
-
-
-def current_session():
-    return _session
 
 
 # ---- engine wrappers -------------------------------------------------------------------------
@@ -125,11 +78,15 @@ def _wrap_pipeline(engine, s, saved) -> None:
     _set(engine, "_INSTRUCTION_MAP", table, saved)
 
 
-def _labelled(fn, phase, s):
+def _labelled(fn, phase, s, starts=None):
+    """``fn`` inside a profiler range named ``phase`` (in a window). ``starts()``: whether a
+    call outside an iteration begins one."""
     @functools.wraps(fn)
     def run(*args, **kwargs):
         if not s.live:
             return fn(*args, **kwargs)
+        if starts is not None and not s.in_iteration and starts():
+            s.begin_iteration()
         rf = s.enter(phase)
         try:
             return fn(*args, **kwargs)
@@ -142,28 +99,9 @@ def _wrap_plain(engine, s, saved) -> None:
     import torch
     forward, backward, step = engine.forward, engine.backward, engine.step
 
-    def wrapped_forward(*args, **kwargs):
-        if not s.live:
-            return forward(*args, **kwargs)
-        # An evaluation forward (no grad) between two steps does not start an iteration.
-        if not s.in_iteration and torch.is_grad_enabled():
-            s.begin_iteration()
-        rf = s.enter("forward")
-        try:
-            return forward(*args, **kwargs)
-        finally:
-            s.leave(rf)
-
-    def wrapped_backward(*args, **kwargs):
-        if not s.live:
-            return backward(*args, **kwargs)
-        if not s.in_iteration:
-            s.begin_iteration()
-        rf = s.enter("backward")
-        try:
-            return backward(*args, **kwargs)
-        finally:
-            s.leave(rf)
+    # An evaluation forward (no grad) between two steps does not start an iteration.
+    wrapped_forward = _labelled(forward, "forward", s, starts=torch.is_grad_enabled)
+    wrapped_backward = _labelled(backward, "backward", s, starts=lambda: True)
 
     def wrapped_step(*args, **kwargs):
         if not s.live:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Optional, Set
 
-from .summary import store_file
+from neox_perf.runs.files import store_file
 
 
 class InjectedFailure(RuntimeError):

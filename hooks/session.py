@@ -9,18 +9,23 @@ from __future__ import annotations
 
 import atexit
 import os
+import subprocess
 import sys
 import time
 from typing import Any, Dict, List, Optional
 
-from . import failures, summary
+from neox_perf.runs import files as runfiles
+
+from . import failures
 from .sample_writer import InjectedFailure, SampleWriter
+from .settings import ALL as SWITCH_VARIABLES
 from .settings import Settings
 from .trace_map import Dims, Groups, MapContext, WindowResult, infer_dims, map_events
 
 SUMMARY_EVERY_S = 30.0
 EXIT_WAIT_S = 10.0  # rank 0 waits this long at exit for the other ranks' final summaries
 UNMAPPED_KEPT = 40
+REPORT_TIMEOUT_S = 120.0
 
 
 class Session:
@@ -71,7 +76,7 @@ class Session:
         if f["device_type"] == "cuda":
             import torch
             sync = torch.cuda.synchronize
-        self.clock = IterationClock(summary.iterations_file(self.settings.run_dir, self.rank), sync)
+        self.clock = IterationClock(runfiles.iterations_file(self.settings.run_dir, self.rank), sync)
         self.writer = SampleWriter(self.settings.run_dir, f, self.settings.job, self.settings.inject)
         if self.settings.windows.enabled:
             from .profiling import Windowed
@@ -87,7 +92,7 @@ class Session:
     def _dims(self) -> Dims:
         if not self.config.get("values"):
             return Dims()
-        from . import prediction
+        from neox_perf.runs import prediction
         try:
             cfg, derived, notes = prediction.rebuild(self.config, self.facts)
         except Exception as exc:
@@ -96,10 +101,10 @@ class Session:
             return Dims()
         for n in notes:
             self.note(n)
-        return prediction.dims(cfg, derived) if cfg is not None else Dims()
+        return config_dims(cfg, derived) if cfg is not None else Dims()
 
     def _predict_at_start(self) -> None:
-        from . import prediction
+        from neox_perf.runs import prediction
         profile, why = prediction.load(self.settings.cluster)
         if profile is None:
             self.prediction = {"iteration_seconds": None, "notes": [why]}
@@ -199,7 +204,7 @@ class Session:
         if self.settings.inject == "summary":
             raise InjectedFailure("injected failure in the summary writer (PYTHON_NEOX_PERF_INJECT)")
         self._last_summary = time.monotonic()
-        summary.write_json_atomic(summary.rank_file(self.settings.run_dir, self.rank),
+        runfiles.write_json_atomic(runfiles.rank_file(self.settings.run_dir, self.rank),
                                   self.summary(finished))
 
     def summary(self, finished: bool) -> Dict[str, Any]:
@@ -208,7 +213,7 @@ class Session:
                   for k in ("source", "files", "vocab", "vocab_padded", "why", "values")}
         unmapped = sorted(t.unmapped.items(), key=lambda kv: -kv[1]["seconds"])
         return {
-            "schema": summary.SCHEMA, "rank": self.rank, "job": self.settings.job,
+            "schema": runfiles.SCHEMA, "rank": self.rank, "job": self.settings.job,
             "run_dir": self.settings.run_dir, "pid": os.getpid(), "argv": sys.argv[:20],
             "started": self.started, "updated": time.time(), "finished": finished,
             "disabled": self.error, "cluster": self.settings.cluster,
@@ -283,16 +288,34 @@ class Session:
             self._print_report()
 
     def _print_report(self) -> None:
+        """`neox-perf report` in a child process, onto this rank's stderr: the report is the
+        command's own, and a rank never imports the command line or its renderer."""
         try:
             _wait_for_ranks(self.settings.run_dir, int(self.facts.get("world_size") or 1))
-            from neox_perf.commands.report import report_result
-            from neox_perf.render import report_text
-            result = report_result(self.settings.run_dir, cluster=self.settings.cluster)
-            from rich.console import Console
-            report_text.render(result, Console(file=sys.stderr, highlight=False))
+            cmd = [sys.executable, "-m", "neox_perf", "report", self.settings.run_dir]
+            if self.settings.cluster:
+                cmd += ["--cluster", self.settings.cluster]
+            sys.stderr.flush()
+            # without the switch: the child must not hook itself
+            env = {k: v for k, v in os.environ.items() if k not in SWITCH_VARIABLES}
+            code = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, stdout=sys.stderr,
+                                  timeout=REPORT_TIMEOUT_S).returncode
+            if code != 0:
+                _say(f"report not printed (exit {code}); run `neox-perf report {self.settings.run_dir}`")
         except Exception as exc:
             _say(f"report not printed ({exc.__class__.__name__}: {exc}); "
                  f"run `neox-perf report {self.settings.run_dir}`")
+
+
+def config_dims(cfg, derived) -> Dims:
+    """Operator widths per tensor-parallel rank, as the config builds them (names GEMMs)."""
+    from neox_perf.operators import mlp_widths
+    m, mp = cfg.model, max(cfg.parallel.model_parallel_size, 1)
+    hd = m.head_dim
+    ffn_out, ffn_in = mlp_widths(cfg)
+    return Dims(hidden=m.hidden_size, qkv=(m.hidden_size + 2 * m.num_kv_heads * hd) // mp,
+                ffn_out=ffn_out // mp, ffn_in=ffn_in // mp, vocab=derived.padded_vocab // mp,
+                hidden_local=m.hidden_size // mp, source="config")
 
 
 def _say(line: str) -> None:
@@ -306,7 +329,7 @@ def _say(line: str) -> None:
 def _wait_for_ranks(run_dir: str, world: int) -> None:
     deadline = time.monotonic() + EXIT_WAIT_S
     while time.monotonic() < deadline:
-        done = [s for s in summary.read_rank_summaries(run_dir) if s.get("finished")]
+        done = [s for s in runfiles.read_rank_summaries(run_dir) if s.get("finished")]
         if len(done) >= world:
             return
         time.sleep(0.2)

@@ -79,19 +79,3 @@ class IterationClock:
             self._fh.close()
         except Exception:
             pass
-
-
-def read_iterations(path: str):
-    """[(index, seconds, profiled)] from a JSON-lines file; a torn last line is skipped."""
-    out = []
-    try:
-        with open(path, encoding="utf-8") as fh:
-            for line in fh:
-                try:
-                    rec = json.loads(line)
-                    out.append((int(rec["i"]), float(rec["s"]), bool(rec.get("p", 0))))
-                except (ValueError, KeyError, TypeError):
-                    continue
-    except FileNotFoundError:
-        pass
-    return out

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 from typing import List, Optional
 
 from . import __version__, exitcodes
@@ -115,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_arguments(run)
     report = sub.add_parser("report", help="predicted vs measured time of a hooked run")
     add_report_arguments(report)
+    for command in sub.choices.values():
+        command.add_argument("--debug", action="store_true",
+                             help="on an error, print the traceback before the one-line message")
     return parser
 
 
@@ -128,6 +132,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.print_help()
         return exitcodes.USAGE
     want_json = bool(getattr(args, "json", False))
+    debug = bool(getattr(args, "debug", False))
+    # `calibrate --from-run` prints a payload of its own, errors included
+    schema_name = "calibrate-from-run" if getattr(args, "from_run", None) else args.command
     try:
         if args.command == "check":
             from .commands.check import run_check
@@ -140,7 +147,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             if args.command == "calibrate":
                 from .commands.calibrate import run_calibrate as run_command
             else:
-                from .commands.validate import run_validate as run_command
+                from .commands.validate import check_inputs, run_validate
+                check_inputs(args)
+                run_command = run_validate
+                if getattr(args, "neox", None):  # GPT-NeoX's own train.py as the measured side
+                    from .commands.validate_neox import run_validate_neox as run_command
             with bars(wanted(want_json)) as progress:
                 result = run_command(args, progress=progress)
         elif args.command == "plan":
@@ -161,20 +172,25 @@ def main(argv: Optional[List[str]] = None) -> int:
         emit(result, want_json)
     except NeoxPerfError as exc:
         code = exitcodes.USAGE if isinstance(exc, UsageError) else exitcodes.INVALID_CONFIG
-        return _fail(args.command, exc.line(), code, want_json)
+        return _fail(args.command, schema_name, exc.line(), code, want_json, debug)
     except KeyboardInterrupt:
-        return _fail(args.command, "interrupted", exitcodes.USAGE, want_json)
-    except Exception as exc:  # a bug of ours: still one line, never a traceback
-        return _fail(args.command, f"internal error: {exc.__class__.__name__}: {exc} "
-                                   f"(please report it)", exitcodes.INTERNAL, want_json)
+        return _fail(args.command, schema_name, "interrupted", exitcodes.USAGE, want_json, debug)
+    except Exception as exc:  # a bug of ours: one line, the traceback only with --debug
+        hint = "" if debug else "; rerun with --debug for the traceback"
+        return _fail(args.command, schema_name, f"internal error: {exc.__class__.__name__}: {exc} "
+                                                f"(please report it{hint})",
+                     exitcodes.INTERNAL, want_json, debug)
     return result.exit_code
 
 
-def _fail(command: str, line: str, code: int, want_json: bool) -> int:
+def _fail(command: str, schema_name: str, line: str, code: int, want_json: bool,
+          debug: bool = False) -> int:
+    if debug:  # called from inside the except block: the exception being handled
+        traceback.print_exc(file=sys.stderr)
     sys.stderr.write(f"neox-perf: {line}\n")
     if want_json:
         from .render.envelope import error_envelope, dump
-        sys.stdout.write(dump(error_envelope(command, line, code)) + "\n")
+        sys.stdout.write(dump(error_envelope(command, line, code, schema_name)) + "\n")
     return code
 
 

@@ -31,5 +31,15 @@ class ConfigError(NeoxPerfError):
         return " ".join(text.split())
 
 
+class PathError(NeoxPerfError):
+    """A file or directory that cannot be used: one line with the path, the problem and the fix."""
+
+    def __init__(self, path, problem: str, fix: str):
+        self.path = str(path)
+        self.problem = problem
+        self.fix = fix
+        super().__init__(" ".join(f"{self.path}: {problem} (fix: {fix})".split()))
+
+
 class UsageError(NeoxPerfError):
     """The command line itself is wrong (missing file, bad flag value)."""

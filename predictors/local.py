@@ -32,7 +32,7 @@ from neox_perf import opspec
 from . import cleaning, fit
 from .artifacts import ARRAYS_FILE, MANIFEST_FILE, SCHEMA, SCHEMA_VERSION
 from .facts import ClusterFacts, Link
-from .samples import COLLECTIVE_PHASE, FileRecord, sha256_of
+from .samples import COLLECTIVE_PHASE, FileRecord, TrainingSet, sha256_of
 from .train import _ArrayPool, _versions, fit_set, write_profile
 
 GEMMS = ("linear1", "linear2", "linear3", "linear4", "linear_final", "qk", "av")
@@ -155,6 +155,35 @@ def _collective_processes(store, device: int) -> Optional[int]:
     return int(runs[-1]["info"]["gpus_per_node"]) if runs else None
 
 
+def training_sets(store_path, *, device: Optional[int] = None, dtype: Optional[str] = None,
+                  source: Optional[str] = None):
+    """The samples as the predictors' TrainingSets, keyed by (op, phase) like load_cluster.
+
+    ``file_index`` is 0 (the store) and ``line`` the sample id, so a row the cleaning drops
+    can be traced back. One device and one dtype at a time: mixing two machines (or fp16
+    with bf16) in one regressor would fit neither; pass device= / dtype= to choose.
+    """
+    from neox_perf.calibration.store import SampleStore, feature_names
+
+    with SampleStore(store_path) as store:
+        samples = store.samples(device=device, source=source)
+    if dtype is not None:
+        samples = [s for s in samples if s.dtype == dtype]
+    for name, values in (("device", {s.device_id for s in samples}), ("dtype", {s.dtype for s in samples})):
+        if len(values) > 1:
+            raise ValueError(f"{store_path}: samples of several {name}s ({', '.join(map(str, sorted(values)))}); "
+                             f"pass {name}= to choose one")
+    groups: Dict[Tuple[str, str], list] = {}
+    for s in samples:
+        groups.setdefault((s.op, s.phase), []).append(s)
+    return {(op, phase): TrainingSet(
+                op, phase, {n: np.array([s.features[n] for s in group], dtype=float)
+                            for n in feature_names(op)},
+                np.array([s.seconds for s in group], dtype=float),
+                np.zeros(len(group), dtype=np.int64), np.array([s.id for s in group], dtype=np.int64))
+            for (op, phase), group in groups.items()}
+
+
 def fit_store(store_path, name: str, out_dir, *, device: Optional[int] = None,
               dtype: Optional[str] = None, gpus_per_node: Optional[int] = None,
               grid=None, progress: Optional[Progress] = None,
@@ -164,7 +193,6 @@ def fit_store(store_path, name: str, out_dir, *, device: Optional[int] = None,
     per-operator validation table. ``grid``: fit.candidates() by default. ``source``: the
     samples to fit, "calibrate" by default; None adds the training-run samples that
     `calibrate --from-run` merged into the store."""
-    from neox_perf.calibration.run import training_sets
     from neox_perf.calibration.store import SampleStore
 
     started = time.perf_counter()
@@ -377,7 +405,7 @@ def fit_engine(profile, engine_path, tp_path=None, extra_rows=None) -> Tuple[dic
     """The profile's "engine" section from the engine calibration (calibrate.run_engine) and,
     when given, the in-training tensor-parallel all-reduce benchmark (calibrate.run_tp_benchmark).
     ``extra_rows(profile)``: more rows per term, in the row forms built below, from training
-    runs (hooks.recalibrate.EngineRows, for `calibrate --from-run`)."""
+    runs (neox_perf.runs.engine_rows.EngineRows, for `calibrate --from-run`)."""
     from .baseline import fit_nonnegative
 
     data = json.loads(Path(engine_path).read_text())

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import math
 import random
-import time
 
 import pytest
 
@@ -314,14 +313,10 @@ def test_timeline_is_frozen():
         tl.components["bubble_seconds"] = 0.0
 
 
-def test_p16_m128_is_fast():
+def test_p16_m128_runs_every_micro_batch():
+    # its speed is benchmarks/unit_speed.py's
     stages = [StageCost(0.05 + 0.001 * s, 0.1, 0.002, 0.002, 0.3, optimizer=0.01, param_allgather=0.02)
               for s in range(16)]
     stages[0] = StageCost(0.06, 0.12, 0.002, 0.0, 0.3, tied_allreduce=0.05, optimizer=0.01)
-    best = math.inf
-    for _ in range(5):
-        t0 = time.perf_counter()
-        tl = simulate_1f1b(stages, 128)
-        best = min(best, time.perf_counter() - t0)
+    tl = simulate_1f1b(stages, 128)
     assert tl.iteration_seconds > 128 * 0.165
-    assert best < 0.020, f"p=16 m=128 took {best * 1e3:.1f} ms"

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import List, Tuple
 
 from neox_perf.config.neox_keys import KEYS
+from neox_perf.derive.params import gated_width_mismatch, mlp_widths
 
 NORM_PARAMS_PER_H = {"layernorm": 2, "rmsnorm": 1, "non_parametric_layernorm": 0}
 ACTIVATIONS = ("gelu", "geglu", "relu", "softsign", "swish", "mish", "silu", "reglu",
@@ -71,23 +72,6 @@ def padded_vocab(vocab: int, divisible_by: int, mp: int) -> int:
     return -(-vocab // multiple) * multiple
 
 
-def mlp_widths(hidden: int, intermediate, expansion, multiple_of: int, gated: bool):
-    if intermediate:
-        ffn = intermediate
-    elif expansion:
-        ffn = int(expansion * hidden)
-    else:
-        ffn = 4 * hidden
-    ffn_in = ffn
-    if gated:
-        ffn = int(ffn * 2 / 3)
-        ffn_in = ffn // 2
-    m = multiple_of
-    ffn = 2 * m * ((ffn + 2 * m - 1) // (2 * m))
-    ffn_in = m * ((ffn_in + m - 1) // m)
-    return ffn, ffn_in
-
-
 def _value(cfg, key):
     v = cfg.values.get(key)
     return KEYS[key][1] if v is None else v
@@ -130,12 +114,10 @@ def from_neox(cfg, vocab_size: int) -> WorkloadConfig:
         raise UnsupportedConfig("the reference workload does not reproduce: " + ", ".join(problems))
     m, par = cfg.model, cfg.parallel
     mp = max(par.model_parallel_size, 1)
-    ffn, ffn_in = mlp_widths(m.hidden_size, m.intermediate_size, m.expansion_factor,
-                             m.mlp_multiple_of, m.is_gated)
-    if m.is_gated and ffn != 2 * ffn_in:
-        # NeoX would fail the same way: chunk(2) of linear1's output is not linear2's input.
-        raise UnsupportedConfig(
-            f"gated MLP widths {ffn} / {ffn_in} do not match (ffn != 2 x ffn_in)")
+    mismatch = gated_width_mismatch(m)
+    if mismatch:  # NeoX fails the same way at its first forward
+        raise UnsupportedConfig(mismatch)
+    ffn, ffn_in = mlp_widths(m)
     eps_key = {"rmsnorm": "rms_norm_epsilon", "scalenorm": "scalenorm_epsilon"}.get(
         m.norm, "layernorm_epsilon")
     wc = WorkloadConfig(

@@ -1,7 +1,7 @@
 """`neox-perf calibrate`: measure this machine and write a cluster profile of it.
 
 Four steps, each resumable, each reporting progress:
-1. operators: the plan's micro-benchmarks in this process (calibration.run.calibrate), one
+1. operators: the plan's micro-benchmarks in this process (calibration.sweep.calibrate), one
    committed sample per point: a re-run skips what is stored, a kill loses at most the point
    in flight;
 2. collectives: `torchrun --nproc_per_node N -m neox_perf.calibration.collectives` on this
@@ -23,7 +23,6 @@ process, the "GPU memory" is the machine's RAM, the links are gloo over shared m
 from __future__ import annotations
 
 import re
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,8 +30,8 @@ from typing import Callable, Dict, List, Optional
 
 from .. import exitcodes
 from ..calibration.engine import engine_path, run_engine
-from ..calibration.launch import (CalibrationFailed, default_processes, free_port, has_module,
-                                  launch, rank_env, use_caching_malloc)
+from ..calibration.launch import (CalibrationFailed, default_processes, has_module, launch,
+                                  progress_event, rank_env, use_caching_malloc)
 from ..calibration.tp_allreduce import run_tp_benchmark, tp_path
 from ..errors import UsageError
 
@@ -99,7 +98,7 @@ def run_calibrate(args, progress: Optional[Progress] = None,
     (an injected benchmark clock; a smaller tree grid)."""
     if not has_module("torch"):
         raise UsageError("calibrate measures with torch: pip install 'neox-perf[runtime]'") from None
-    from ..calibration.run import calibrate, pick_device
+    from ..calibration.sweep import calibrate, pick_device
     from ..predictors.local import add_engine, fit_store
 
     name, out, store = _paths(args)
@@ -128,7 +127,7 @@ def run_calibrate(args, progress: Optional[Progress] = None,
 
     started = time.monotonic()
     step = _stepper(progress, "collectives")
-    result.collectives = run_collectives(store, plan, source, nproc, device, step)
+    result.collectives = launch_plan_collectives(store, plan, source, nproc, device, step)
     if nproc >= 2 and getattr(args, "engine", True):
         if step is not None:
             step(0, 1, "gradient-bucket sizes, tensor-parallel all-reduce in training")
@@ -176,8 +175,8 @@ def _stored_collectives(store: Path, jobs) -> int:
     return sum((j.kind, j.elements, *j.shape) in have for j in jobs)
 
 
-def run_collectives(store: Path, plan, source: str, nproc: int, device: str,
-                    progress=None) -> Dict[str, object]:
+def launch_plan_collectives(store: Path, plan, source: str, nproc: int, device: str,
+                            progress=None) -> Dict[str, object]:
     """The plan's collectives on this node under torchrun; rank 0 writes the store."""
     from ..calibration.collectives import plan_jobs, torchrun_command
     jobs = plan_jobs(dict(plan.collectives), 1, nproc)
@@ -190,28 +189,18 @@ def run_collectives(store: Path, plan, source: str, nproc: int, device: str,
         return info
     before = _stored_collectives(store, jobs)
     info["already_stored"] = before
-    env = rank_env(device)
-    log = store.with_suffix(".collectives.log")
-    for attempt in range(3):
-        cmd = torchrun_command(nproc, store, plan=source, master_port=free_port())
-        done = before
-        with open(log, "w") as fh:
-            proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=fh, text=True)
-            for line in proc.stdout:
-                fh.write(line)
-                if " us (IQR " in line:  # one line per measured job
-                    done += 1
-                    if progress is not None:
-                        progress(done, len(jobs), line.split(":")[0])
-            proc.wait()
-        text = log.read_text(errors="replace")
-        if proc.returncode == 0 or "EADDRINUSE" not in text:
-            break
-    if proc.returncode != 0:
-        lines = [line.strip() for line in text.splitlines() if "neox-perf" in line or "Error" in line]
-        raise CalibrationFailed(f"collectives launch failed (exit {proc.returncode}): "
-                                f"{(lines or ['see the log'])[-1][-300:]} (log: {log}; command: "
-                                f"{' '.join(cmd)})")
+    done = [before]
+
+    def on_line(line: str) -> None:
+        event = progress_event(line)
+        if event is not None and "measured" in event:
+            done[0] += 1
+            if progress is not None:
+                progress(done[0], len(jobs), str(event["measured"]))
+
+    cmd = torchrun_command(nproc, store, plan=source, master_port=0)
+    launch(cmd, rank_env(device), store.with_suffix(".collectives.log"), on_line=on_line,
+           what="collectives launch")
     info["measured"] = _stored_collectives(store, jobs) - before
     if progress is not None:
         progress(len(jobs), len(jobs), "done")

@@ -7,11 +7,11 @@ Two methods, chosen by what the profile is:
   merged into that store, tagged with their job (a second merge of the same run adds
   nothing), and the profile is fitted again by the same trainer from everything the store
   holds: predictors.local.fit_store, then the engine terms from the same engine calibration
-  plus the rows the run's pipeline stages give (hooks.recalibrate.EngineRows). The profile
+  plus the rows the run's pipeline stages give (runs.engine_rows.EngineRows). The profile
   is written beside the old one and swapped in, so a crash leaves one or the other whole.
 - level: any other profile (bundled, or its store gone). Each operator and collective model
   is scaled by the median measured / predicted ratio over the run's samples
-  (hooks.recalibrate.recalibrate_from_run) and written under a new name, NAME-run in the
+  (runs.recalibrate.recalibrate_from_run) and written under a new name, NAME-run in the
   user profiles (or --out): a bundled name would hide a user profile of the same name.
 
 Either way the run is predicted with the profile before and after, as `neox-perf report`
@@ -20,37 +20,33 @@ does: the iteration time, and every operator the hook mapped. No torch here.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from .. import exitcodes
-from ..errors import NeoxPerfError, UsageError
+from ..errors import UsageError
+from .report import PayloadResult
 
 
 @dataclass
-class FromRunResult:
-    payload: Dict[str, Any] = field(default_factory=dict)
+class FromRunResult(PayloadResult):
     command: str = "calibrate"
+    schema: str = "calibrate-from-run"  # a payload of its own, not calibrate's
     render_hint: str = "from_run_text"
-    exit_code: int = exitcodes.OK
-
-    def to_dict(self) -> dict:
-        return self.payload
 
 
 def _check_run_dir(run_dir: str) -> str:
-    from ..hooks import summary
+    from ..runs import files as runfiles
     path = os.path.abspath(os.path.expanduser(run_dir))
     if not os.path.isdir(path):
         raise UsageError(f"{path}: no such run dir (fix: pass the --run-dir of a "
                          f"`neox-perf run --run-dir DIR -- <launch command>`)")
-    if not summary.read_rank_summaries(path):
+    if not runfiles.read_rank_summaries(path):
         raise UsageError(f"{path}: no rank summaries, so not a run dir the hook wrote (fix: run "
                          f"the job with `neox-perf run --run-dir {path} -- <launch command>`)")
     from ..calibration.store import SampleStore
     count = 0
-    for store in summary.store_files(path):
+    for store in runfiles.store_files(path):
         with SampleStore(store) as s:
             count += len(s.samples(source="run"))
     if not count:
@@ -61,10 +57,10 @@ def _check_run_dir(run_dir: str) -> str:
 
 
 def _load(cluster: str):
-    from ..predictors.profile import load_profile
+    from ..predict import load_cluster
     try:
-        return load_profile(cluster)
-    except NeoxPerfError as exc:
+        return load_cluster(cluster)
+    except UsageError as exc:
         raise UsageError(f"--cluster {exc.line()}") from None
 
 
@@ -104,8 +100,9 @@ def _improved(before: dict, after: dict) -> Dict[str, Optional[bool]]:
 
 
 def run_from_run(args) -> FromRunResult:
-    from ..hooks.recalibrate import FromRunError, run_errors
-    from ..hooks.report import ReportError
+    from ..runs import FromRunError
+    from ..runs.recalibrate import run_errors
+    from ..runs.report import ReportError
     run_dir = _check_run_dir(args.from_run)
     prof = _load(str(args.cluster))
     notes: list = []
@@ -136,7 +133,7 @@ def run_from_run(args) -> FromRunResult:
 
 
 def _level(args, prof, run_dir: str, notes: list) -> Dict[str, Any]:
-    from ..hooks.recalibrate import recalibrate_from_run, run_errors
+    from ..runs.recalibrate import recalibrate_from_run, run_errors
     from ..predictors.profile import _bundled_dir, load_profile, user_profiles_dir
     if getattr(args, "out", None):
         out = Path(args.out).expanduser()
@@ -168,7 +165,11 @@ def _refit(args, prof, store: Path, run_dir: str, before: dict, notes: list) -> 
     import shutil
     import time
 
-    from ..hooks import recalibrate as rc
+    from ..runs import FromRunError
+    from ..runs.engine_rows import stage_measurements
+    from ..runs.merge import merge_run_samples, merged_stage_records
+    from ..runs.profile_dir import recover_dir, replace_dir, temp_dir_for, write_manifest
+    from ..runs.recalibrate import run_errors
     from ..predictors.artifacts import MANIFEST_FILE
     from ..predictors.local import fit_store
     from ..predictors.profile import load_profile
@@ -182,8 +183,8 @@ def _refit(args, prof, store: Path, run_dir: str, before: dict, notes: list) -> 
     grid = [(kind, params) for kind, params in (manifest.get("training") or {}).get("grid") or []] or None
     final = Path(args.out).expanduser() if getattr(args, "out", None) else Path(prof.path)
 
-    stages = rc.stage_measurements(run_dir)
-    merged = rc.merge_run_samples(run_dir, store, device=int(device), dtype=dtype, stages=stages)
+    stages = stage_measurements(run_dir)
+    merged = merge_run_samples(run_dir, store, device=int(device), dtype=dtype, stages=stages)
     notes.extend(merged.pop("notes"))
     if merged["added"] + merged["already"] == 0:
         raise UsageError(f"{run_dir}: none of its samples fit {prof.name} "
@@ -192,10 +193,10 @@ def _refit(args, prof, store: Path, run_dir: str, before: dict, notes: list) -> 
     if merged["added"] == 0:
         notes.append("every sample of this run was already in the store (merged before): "
                      "refitted from the same data")
-    records = rc.merged_stage_records(store, int(device))
+    records = merged_stage_records(store, int(device))
 
-    rc.recover_dir(final)
-    tmp = rc.temp_dir_for(final)
+    recover_dir(final)
+    tmp = temp_dir_for(final)
     try:
         try:
             fitted = fit_store(store, prof.name, tmp, device=int(device), dtype=dtype,
@@ -205,12 +206,12 @@ def _refit(args, prof, store: Path, run_dir: str, before: dict, notes: list) -> 
             table = [row.to_dict() for row in fitted.table]
             engine = _engine(manifest, tmp, records, notes, Path(prov.get("store") or store))
         except ValueError as exc:  # the trainer's word on data it cannot fit
-            raise rc.FromRunError(f"{store}: cannot refit {prof.name}: {exc} (fix: recalibrate "
+            raise FromRunError(f"{store}: cannot refit {prof.name}: {exc} (fix: recalibrate "
                                   f"with `neox-perf calibrate --cluster {prof.name}`)") from None
         if engine is not None:
             table += engine.pop("table")
         new = load_profile(str(tmp))
-        after = rc.run_errors(run_dir, new)
+        after = run_errors(run_dir, new)
         # The profile's own record of what went into it and what it did to this run.
         path = tmp / MANIFEST_FILE
         data = json.loads(path.read_text())
@@ -223,8 +224,8 @@ def _refit(args, prof, store: Path, run_dir: str, before: dict, notes: list) -> 
                             "before": before["operators"]["median_abs_error"],
                             "after": after["operators"]["median_abs_error"]}})
         data["provenance"]["from_runs"] = history
-        rc.write_manifest(path, data)
-        rc.replace_dir(tmp, final)
+        write_manifest(path, data)
+        replace_dir(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -242,27 +243,35 @@ def _engine(manifest: dict, tmp: Path, records, notes: list, calibrated: Path) -
     import json
 
     from ..calibration.tp_allreduce import tp_path
-    from ..hooks.recalibrate import EngineRows, write_manifest
+    from ..engine_terms import EngineSection
+    from ..runs.engine_rows import EngineRows
     from ..predictors.artifacts import MANIFEST_FILE
     from ..predictors.local import add_engine
-    old = manifest.get("engine")
-    if not old:
+    if not manifest.get("engine"):
         return None
-    source = Path(str(old.get("source") or ""))
+    old = EngineSection.parse(manifest["engine"], f"{tmp.name}: manifest engine")
+    source = Path(str(old.extra.get("source") or ""))
     path = tmp / MANIFEST_FILE
     if not source.is_file():
-        data = json.loads(path.read_text())
-        data["engine"] = old
-        write_manifest(path, data)
+        _write_engine(path, old)
         notes.append(f"engine measurements {source} are gone: the engine terms were kept as they were")
         return {"rows": {}, "notes": [], "table": []}
     tp = tp_path(calibrated)
-    rows = EngineRows(records, old.get("precision"), (old.get("grad_accumulate") or {}).get("coef"))
+    rows = EngineRows(records, old.precision, old.linear("grad_accumulate"))
     table = add_engine(tmp, source, tp if tp.is_file() else None, extra_rows=rows)
-    if "tp_allreduce" in old and not tp.is_file():
-        data = json.loads(path.read_text())
-        data["engine"]["tp_allreduce"] = old["tp_allreduce"]
-        write_manifest(path, data)
+    if "tp_allreduce" in old.linears and not tp.is_file():
+        fitted = EngineSection.parse(json.loads(path.read_text())["engine"])
+        _write_engine(path, fitted.with_terms_of(old, "tp_allreduce"))
         notes.append("the tensor-parallel all-reduce measurements are gone: that term was kept")
     notes.extend(rows.notes)
     return {"rows": rows.counts, "notes": rows.notes, "table": [row.to_dict() for row in table]}
+
+
+def _write_engine(path: Path, section) -> None:
+    """The manifest at ``path`` with its engine section replaced by ``section``."""
+    import json
+
+    from ..runs.profile_dir import write_manifest
+    data = json.loads(path.read_text())
+    data["engine"] = section.to_dict()
+    write_manifest(path, data)

@@ -9,14 +9,22 @@ from ..errors import UsageError
 
 
 @dataclass
-class ReportResult:
+class PayloadResult:
+    """A command result that is plain data already: its JSON payload as it is."""
+
     payload: dict = field(default_factory=dict)
-    command: str = "report"
-    render_hint: str = "report_text"
+    command: str = ""
+    render_hint: str = ""
     exit_code: int = exitcodes.OK
 
     def to_dict(self) -> dict:
         return self.payload
+
+
+@dataclass
+class ReportResult(PayloadResult):
+    command: str = "report"
+    render_hint: str = "report_text"
 
 
 def add_arguments(parser) -> None:
@@ -30,7 +38,7 @@ def add_arguments(parser) -> None:
 
 
 def report_result(run_dir: str, cluster: Optional[str] = None, top: int = 10) -> ReportResult:
-    from ..hooks.report import ReportError, build
+    from ..runs.report import ReportError, build
     try:
         return ReportResult(build(run_dir, cluster=cluster, top=top))
     except ReportError as exc:

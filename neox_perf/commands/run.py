@@ -13,23 +13,18 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from .. import exitcodes
 from ..errors import UsageError
+from .report import PayloadResult
 
 DEFAULT_ROOT = "neox-perf-runs"
 
 
 @dataclass
-class RunResult:
-    payload: dict = field(default_factory=dict)
+class RunResult(PayloadResult):
     command: str = "run"
     render_hint: str = "report_text"
-    exit_code: int = exitcodes.OK
-
-    def to_dict(self) -> dict:
-        return self.payload
 
 
 def add_arguments(parser) -> None:
@@ -57,15 +52,16 @@ def default_run_dir(now: float = None) -> str:
 def _check_cluster(cluster):
     if not cluster:
         return
-    from ..hooks import prediction
-    profile, why = prediction.load(cluster)
-    if profile is None:
-        raise UsageError(why.replace(": prediction skipped", "") + "; fix --cluster")
+    from ..predict import load_cluster
+    try:
+        load_cluster(cluster)
+    except UsageError as exc:
+        raise UsageError(f"cluster profile {cluster!r} not usable ({exc}); fix --cluster") from None
 
 
 def run_run(args) -> RunResult:
     from ..hooks import settings
-    from ..hooks.summary import RUN_FILE, write_json_atomic
+    from ..runs.files import RUN_FILE, write_json_atomic
     command = list(args.launch or [])
     if command and command[0] == "--":
         command = command[1:]
@@ -100,7 +96,7 @@ def run_run(args) -> RunResult:
     write_json_atomic(run_file, info)
     payload = {"run": {k: info[k] for k in ("command", "job", "cluster", "exit_code")},
                "run_dir": run_dir, "report": None, "report_error": None}
-    from ..hooks.report import ReportError, build
+    from ..runs.report import ReportError, build
     try:
         payload["report"] = build(run_dir, cluster=cluster)
     except ReportError as exc:

@@ -27,17 +27,15 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 from .. import exitcodes
-from ..calibration.launch import (CACHING_MALLOC_ENV, cuda_available, free_port, has_module,
-                                  remove_shm_buffers)
+from ..calibration.launch import (CACHING_MALLOC_ENV, CalibrationFailed, cuda_available,
+                                  has_module, launch, progress_event)
 from ..errors import ConfigError, NeoxPerfError, UsageError
 
 WARMUP_ITERATIONS = 2
@@ -86,6 +84,10 @@ class ValidateResult:
     exit_code: int = exitcodes.OK
 
     @property
+    def component_names(self) -> Sequence[str]:  # the columns of every result's components
+        return COMPONENTS
+
+    @property
     def mape(self) -> Optional[float]:
         if not self.results:
             return None
@@ -106,7 +108,7 @@ class ValidateResult:
 # -- prediction -----------------------------------------------------------------------------
 
 @dataclass
-class Prediction:
+class Predicted:
     cfg: object
     vocab: int
     estimate: object
@@ -121,11 +123,10 @@ def run_precision(cfg, device_type: str) -> str:
 
 
 def predict(configs: Sequence[str], gpus: int, profile, vocab_size: Optional[int],
-            device_type: str) -> Prediction:
+            device_type: str) -> Predicted:
+    from .. import predict as pipeline
     from ..config import WorldRequest, build, load_files, raw_vocab
     from ..derive import derive
-    from ..estimate import estimate
-    from ..operators import StageShape, decompose
 
     raw = load_files(list(configs))
     cfg, verdicts, _ = build(raw, WorldRequest(gpus=gpus),
@@ -141,14 +142,9 @@ def predict(configs: Sequence[str], gpus: int, profile, vocab_size: Optional[int
         from_neox(cfg, vocab)
     except ValueError as exc:
         raise ConfigError(str(exc), file=configs[-1]) from None
-    derived = derive(cfg, vocab, None)
-    last = len(derived.stages) - 1
-    shapes = [StageShape(index=s.index, transformer_layers=s.transformer_layers,
-                         has_embedding=s.index == 0, has_head=s.index == last,
-                         params_per_rank=s.params_per_rank) for s in derived.stages]
     precision = run_precision(cfg, device_type)
-    decomp = decompose(cfg, derived.padded_vocab, shapes, precision=precision)
-    return Prediction(cfg, vocab, estimate(decomp, profile), decomp, precision)
+    p = pipeline.predict(cfg, derive(cfg, vocab, None), profile, precision=precision)
+    return Predicted(cfg, vocab, p.estimate, p.decomposition, precision)
 
 
 _PREDICTED_KIND = {"forward": "forward", "backward": "backward", "send_act": "p2p",
@@ -179,7 +175,7 @@ def predicted_stage_components(est, decomp=None, profile=None) -> List[Dict[str,
     for ev in est.timeline.events:
         stages[ev.stage][_PREDICTED_KIND[ev.kind]] += ev.end - ev.start
     if decomp is not None and profile is not None:
-        from ..estimate import EngineTerms
+        from ..engine_terms import EngineTerms
         engine = EngineTerms.of(profile, decomp)
         for comp, work in zip(stages, decomp.stages):
             tp_f, tp_b = (decomp.micro_batches * t for t in _tp_seconds(work, profile, engine))
@@ -235,50 +231,31 @@ def run_workload(configs: Sequence[str], nproc: int, iters: int, vocab: int, wor
     env.setdefault("MASTER_ADDR", "127.0.0.1")
     if not cuda_available():
         env.update(CACHING_MALLOC_ENV)
-    log = workdir / "launch.log"
-    for attempt in range(3):
-        out, phases_dir = workdir / "result.json", workdir / f"phases{attempt}"
-        phases_dir.mkdir(parents=True, exist_ok=True)
-        port = free_port()
-        cmd = launch_command(nproc, configs, iters, vocab, out, phases_dir, port)
-        with open(log, "w") as fh:
-            proc = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=workdir)
-            try:
-                _watch(proc, phases_dir / "progress", iters, progress, label)
-            finally:
-                remove_shm_buffers(port)
-        text = log.read_text(errors="replace")
-        # the port can be taken between our probe and the rendezvous: the one retry worth making
-        if proc.returncode == 0 or "EADDRINUSE" not in text and "address already in use" not in text:
-            break
-    if proc.returncode != 0 or not out.is_file():
-        tail = [line for line in text.splitlines() if line.strip()][-3:]
-        raise LaunchFailed(f"workload launch failed (exit {proc.returncode}): "
-                           f"{' | '.join(t.strip() for t in tail)[-400:]} (full log: {log})")
+    workdir = Path(workdir).resolve()  # the ranks run in it: their paths must not be relative
+    out, phases_dir = workdir / "result.json", workdir / "phases"
+    phases_dir.mkdir(parents=True, exist_ok=True)
+    for stale in [out, *phases_dir.glob("rank.*.json")]:  # a previous validation's, same workdir
+        stale.unlink(missing_ok=True)
+
+    def on_line(line: str) -> None:
+        event = progress_event(line)
+        if event is not None and progress is not None and "iteration" in event:
+            progress(int(event["iteration"]), iters, label)
+
+    if progress is not None:
+        progress(0, iters, f"{label} (starting)")
+    try:
+        launch(launch_command(nproc, configs, iters, vocab, out, phases_dir, 0), env,
+               workdir / "launch.log", on_line=on_line, cwd=workdir, timeout_s=LAUNCH_TIMEOUT_S,
+               what="workload launch")
+    except CalibrationFailed as exc:
+        raise LaunchFailed(exc.line()) from None
+    if not out.is_file():
+        raise LaunchFailed(f"workload launch wrote no result {out} (full log: {workdir / 'launch.log'})")
     result = json.loads(out.read_text())
     result["phases"] = {int(p.stem.split(".")[-1]): json.loads(p.read_text())
                         for p in phases_dir.glob("rank.*.json")}
     return result
-
-
-def _watch(proc, progress_file: Path, iters: int, progress: Optional[Progress], label: str) -> None:
-    started = time.monotonic()
-    while True:
-        try:
-            proc.wait(timeout=0.5)
-            return
-        except subprocess.TimeoutExpired:
-            pass
-        if time.monotonic() - started > LAUNCH_TIMEOUT_S:
-            proc.kill()
-            proc.wait()
-            return
-        if progress is not None:
-            try:
-                done = len(progress_file.read_text().split())
-            except OSError:
-                done = 0
-            progress(done, iters, label if done else f"{label} (starting)")
 
 
 # -- the command ----------------------------------------------------------------------------
@@ -324,16 +301,20 @@ def validate_one(configs: Sequence[str], gpus: int, profile, iters: int,
         stages=stages, notes=list(dict.fromkeys(notes)))
 
 
-def run_validate(args, progress: Optional[Progress] = None) -> ValidateResult:
-    """args: configs, gpus, cluster, iters, vocab_size (optional), workdir (optional)."""
+def check_inputs(args) -> None:
+    """What every validation needs before it launches anything (`--neox` too)."""
     for path in args.configs:
         if not os.path.isfile(path):
             raise UsageError(f"{path}: no such config file")
     if not has_module("deepspeed"):  # fail here, in one line, not in N ranks
         raise UsageError("validate runs the workload under DeepSpeed: pip install 'neox-perf[runtime]'") from None
-    if getattr(args, "neox", None):  # GPT-NeoX's own train.py as the measured side
-        from .validate_neox import run_validate_neox
-        return run_validate_neox(args, progress)
+
+
+def run_validate(args, progress: Optional[Progress] = None) -> ValidateResult:
+    """args: configs, gpus, cluster, iters, vocab_size (optional), workdir (optional). The
+    reference workload; `--neox` (GPT-NeoX's own train.py) is validate_neox's, which the
+    command line calls instead."""
+    check_inputs(args)
     from ..predict import load_cluster
     profile = load_cluster(args.cluster)
     iters = int(getattr(args, "iters", None) or 10)

@@ -112,10 +112,7 @@ def _warnings(config: NeoxConfig, opts: DeriveOptions, layers, stages, pipelined
             and opts.grad_accum_dtype in ("fp32", "float32")):
         out.append("bf16 with fp32 grad accumulation and ZeRO stage 0: DeepSpeed 0.19.8 raises "
                    "NotImplementedError (unsupported mix of dtypes); memory assumes BF16_Optimizer")
-    if training.zero_stage >= 2 and (parallel.pipe_parallel_size >= 1
-                                     or parallel.model_parallel_size > 1):
-        out.append(f"ZeRO stage {training.zero_stage} with pipe_parallel_size >= 1 or "
-                   f"model_parallel_size > 1: NeoX's get_model exits")
+    # ZeRO >= 2 with model parallelism is refused once, as an error: checks.config_verdicts
     if opts.train_impl in ("dpo", "kto", "reinforce"):
         out.append(f"train_impl {opts.train_impl}: NeoX builds a second (reference) model; its "
                    f"weights and forward passes are not included in memory or FLOPs")

@@ -8,7 +8,8 @@ import sys
 def emit(result, want_json: bool) -> None:
     if want_json:
         from .envelope import dump, envelope
-        sys.stdout.write(dump(envelope(result.command, result.exit_code, result.to_dict())) + "\n")
+        sys.stdout.write(dump(envelope(result.command, result.exit_code, result.to_dict(),
+                                       getattr(result, "schema", None))) + "\n")
         return
     from rich.console import Console
     # Each result names the module under render/ that draws it, so results stay free of rich.

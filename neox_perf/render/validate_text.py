@@ -3,8 +3,6 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from ..commands.validate import COMPONENTS
-
 
 def _err(v) -> str:
     return "-" if v is None else f"{100 * v:+.1f}%"
@@ -29,7 +27,7 @@ def render(result, console) -> None:
     comp = Table(title="Per component (seconds per iteration, max over stages; predicted / measured)",
                  title_justify="left")
     comp.add_column("config")
-    for c in COMPONENTS:
+    for c in result.component_names:
         comp.add_column(c, justify="right")
     for r in result.results:
         cells = []

@@ -6,7 +6,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from neox_perf.calibration.fingerprint import fingerprint, fingerprint_id  # noqa: E402
-from neox_perf.calibration.run import pick_threads, pinned_threads  # noqa: E402
+from neox_perf.calibration.sweep import pick_threads, pinned_threads  # noqa: E402
 
 
 def test_cpu_fingerprint_is_stable_and_anonymous():

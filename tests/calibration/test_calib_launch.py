@@ -21,3 +21,59 @@ def test_only_the_finished_jobs_buffers_are_removed():
         for path in mine + [other]:
             if os.path.exists(path):
                 os.unlink(path)
+
+
+# A stand-in for torchrun: fails once as if its port was taken, then reports progress.
+FLAKY = """
+import os, sys
+marker = sys.argv[1]
+port = sys.argv[sys.argv.index("--master_port") + 1]
+with open(marker, "a") as fh:
+    fh.write(port + "\\n")
+if len(open(marker).read().split()) == 1:
+    print("RuntimeError: The server socket has failed to listen on any local network address. "
+          "port: " + port + " EADDRINUSE", flush=True)
+    sys.exit(1)
+from neox_perf.calibration.launch import progress_line
+print("some log text", flush=True)
+print(progress_line(measured="job 1"), flush=True)
+print(progress_line(measured="job 2"), flush=True)
+"""
+
+
+def test_launch_retries_a_taken_port_and_passes_every_line(tmp_path):
+    import sys
+
+    from neox_perf.calibration.launch import launch, progress_event
+    marker = tmp_path / "attempts"
+    lines = []
+    launch([sys.executable, "-c", FLAKY, str(marker), "--master_port", "0"], dict(os.environ),
+           tmp_path / "log", on_line=lines.append)
+    ports = marker.read_text().split()
+    assert len(ports) == 2 and all(int(p) > 0 for p in ports)  # a fresh free port each time
+    events = [progress_event(line) for line in lines]
+    assert [e for e in events if e] == [{"measured": "job 1"}, {"measured": "job 2"}]
+    # every line reached the callback as it came; the log holds the last attempt's
+    assert "EADDRINUSE" in lines[0] and lines[1:] == (tmp_path / "log").read_text().splitlines(True)
+
+
+def test_a_failed_launch_is_one_line_with_the_reason(tmp_path):
+    import sys
+
+    from neox_perf.calibration.launch import CalibrationFailed, launch
+    script = ("import sys; print('[rank1]: ValueError: bad shape', flush=True); "
+              "print('torch.distributed.elastic.multiprocessing.errors.ChildFailedError:'); sys.exit(3)")
+    with pytest.raises(CalibrationFailed) as err:
+        launch([sys.executable, "-c", script, "--master_port", "0"], dict(os.environ),
+               tmp_path / "log", what="workload launch")
+    line = err.value.line()
+    assert line.startswith("workload launch failed (exit 3): [rank1]: ValueError: bad shape")
+    assert "\n" not in line and str(tmp_path / "log") in line
+
+
+def test_progress_lines_round_trip_and_other_lines_are_not_progress():
+    from neox_perf.calibration.launch import progress_event, progress_line
+    assert progress_event(progress_line(iteration=3) + "\n") == {"iteration": 3}
+    assert progress_event("linear1 fwd: 1.0 us (IQR 0.1 us)") is None
+    assert progress_event('{"neox_perf_progress": 3}') is None
+    assert progress_event('{"neox_perf_progress": {"a"') is None

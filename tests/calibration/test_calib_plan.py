@@ -37,7 +37,7 @@ def test_shape_rules_follow_the_decomposition():
 
 
 def test_shape_rules_agree_with_the_published_sample_converter():
-    samples = pytest.importorskip("neox_perf.predictors.samples")
+    from neox_perf.predictors import samples
     by_op = {}
     for source in samples.SOURCE_OPS.values():
         if source.stage is None:
@@ -145,7 +145,7 @@ def test_bundled_plans_load():
 
 
 def test_quick_plan_gives_the_trainer_enough_rows_for_trees():
-    fit = pytest.importorskip("neox_perf.predictors.fit")
+    from neox_perf.predictors import fit
     counts = {}
     for p in load_plan("quick").points:
         counts[(p.op, p.phase)] = counts.get((p.op, p.phase), 0) + 1

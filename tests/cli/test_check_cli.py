@@ -103,7 +103,6 @@ def test_missing_file_exit_1_one_line():
 
 
 def test_out_of_memory_is_a_failed_verdict(write_yaml):
-    pytest.importorskip("numpy")
     path = write_yaml("big.yml", "num_layers: 80\nhidden_size: 8192\nnum_attention_heads: 64\n"
                                  "seq_length: 4096\nmax_position_embeddings: 4096\n"
                                  "train_micro_batch_size_per_gpu: 8\nfp16: {enabled: true}\n")

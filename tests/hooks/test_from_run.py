@@ -107,7 +107,7 @@ def test_a_bundled_profile_gets_a_corrected_copy_under_a_new_name(hooked, tmp_pa
     proc = _calibrate(["--cluster", cluster, "--from-run", str(hooked["run_dir"]), "--json"], home, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(proc.stdout)
-    assert KEYS <= set(data) and data["schema"] == "neox-perf/calibrate/v1"
+    assert KEYS <= set(data) and data["schema"] == "neox-perf/calibrate-from-run/v1"
     assert data["method"] == "level" and data["store"] is None and data["merged"] is None
     name = f"{cluster}-run"
     assert data["profile"]["name"] == name == data["use"] and data["profile"]["from"] == cluster
@@ -176,7 +176,7 @@ def test_a_calibrated_profile_is_refitted_in_place_from_its_store(hooked, tiny_h
     assert sorted(os.listdir(prof_dir.parent)) == ["tiny"]  # no temporary directory left
 
 
-def test_a_failed_refit_leaves_the_old_profile(hooked, tiny_home, tmp_path, monkeypatch):
+def test_a_failed_refit_leaves_the_old_profile(hooked, tiny_home, tmp_path, monkeypatch, mocker):
     from neox_perf.commands import from_run
     from neox_perf.predictors import local
     home = tmp_path / "home"
@@ -190,34 +190,35 @@ def test_a_failed_refit_leaves_the_old_profile(hooked, tiny_home, tmp_path, monk
     def killed(store, name, out, **kw):  # dies halfway through writing the new profile
         (out / "arrays.npz").write_bytes(b"half")
         raise KeyboardInterrupt
-    monkeypatch.setattr(local, "fit_store", killed)
+    fit = mocker.patch.object(local, "fit_store", side_effect=killed)
     args = argparse.Namespace(cluster="tiny", from_run=str(hooked["run_dir"]), out=None, store=None,
                               json=True)
     with pytest.raises(KeyboardInterrupt):
         from_run.run_from_run(args)
+    assert fit.call_count == 1
     assert {p.name: p.read_bytes() for p in (home / "profiles" / "tiny").iterdir()} == before
     assert sorted(os.listdir(home / "profiles")) == ["tiny"]
 
 
-def test_replacing_a_profile_directory_survives_a_kill_between_renames(tmp_path, monkeypatch):
-    from neox_perf.hooks import recalibrate as rc
+def test_replacing_a_profile_directory_survives_a_kill_between_renames(tmp_path, mocker):
+    from neox_perf.runs import profile_dir as rc
     final = tmp_path / "prof"
     final.mkdir()
     (final / "manifest.json").write_text("old")
     new = rc.temp_dir_for(final)
     (new / "manifest.json").write_text("new")
-    monkeypatch.setattr(rc, "_exchange", lambda a, b: False)  # a system without renameat2
-    real, calls = os.rename, []
+    mocker.patch.object(rc, "_exchange", return_value=False)  # a system without renameat2
+    real = os.rename
 
     def rename(a, b):
-        calls.append((a, b))
-        if len(calls) == 2:
+        if renames.call_count == 2:
             raise KeyboardInterrupt  # killed after moving the old profile aside
         return real(a, b)
-    monkeypatch.setattr(rc.os, "rename", rename)
+    renames = mocker.patch.object(rc.os, "rename", side_effect=rename)
     with pytest.raises(KeyboardInterrupt):
         rc.replace_dir(new, final)
-    monkeypatch.setattr(rc.os, "rename", real)
+    mocker.stopall()
+    assert renames.call_count == 3  # aside, (killed) into place, back on the way out
     assert (final / "manifest.json").read_text() == "old"  # put back on the way out
     # a hard kill gives no way out: the next write finds the old profile aside and restores it
     aside = tmp_path / ".prof.old-999999999"

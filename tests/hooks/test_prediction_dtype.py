@@ -1,7 +1,7 @@
 """A measured collective is predicted in the element width its profile was measured in."""
 from types import SimpleNamespace
 
-from neox_perf.hooks.prediction import predict_call
+from neox_perf.runs.prediction import predict_call
 
 
 class _Profile:

@@ -79,8 +79,8 @@ def hooked(runs):
 
 
 def test_pipeline_run_is_timed_on_every_rank(hooked):
-    from neox_perf.hooks.summary import read_rank_summaries
-    from neox_perf.hooks.timing import read_iterations
+    from neox_perf.runs.files import read_rank_summaries
+    from neox_perf.runs.files import read_iterations
     ranks = read_rank_summaries(str(hooked["run_dir"]))
     assert [s["rank"] for s in ranks] == [0, 1]
     assert [s["facts"]["stage"] for s in ranks] == [0, 1]
@@ -97,7 +97,7 @@ def test_pipeline_run_is_timed_on_every_rank(hooked):
 
 def test_operator_samples_of_both_stages_are_in_the_store(hooked):
     from neox_perf.calibration.store import SampleStore
-    from neox_perf.hooks.summary import store_files
+    from neox_perf.runs.files import store_files
     stores = store_files(str(hooked["run_dir"]))
     assert len(stores) == 1  # one node
     with SampleStore(stores[0]) as store:
@@ -159,7 +159,7 @@ def test_plain_deepspeed_script(runs):
     data = json.loads(rep.stdout)
     assert data["layout"]["engine"] == "DeepSpeedEngine" and data["layout"]["dp"] == 2
     assert data["iteration"]["measured"]["min"] > 0
-    from neox_perf.hooks.summary import read_rank_summaries
+    from neox_perf.runs.files import read_rank_summaries
     found = {o["op"] for s in read_rank_summaries(str(r["run_dir"])) for o in s["ops"]}
     assert {"layernorm", "linear3", "gelu", "linear4", "cross_entropy", "optimizer",
             "allreduce"} <= found
@@ -177,7 +177,7 @@ def test_a_failure_inside_the_hook_is_logged_once_and_training_goes_on(runs):
     assert "injected failure in the sample writer" in lines[0]
     log = (broken["run_dir"] / "errors.log").read_text()
     assert log.count("hook disabled") == 2
-    from neox_perf.hooks.summary import read_rank_summaries
+    from neox_perf.runs.files import read_rank_summaries
     assert all("sample writer" in s["disabled"] for s in read_rank_summaries(str(broken["run_dir"])))
 
 
@@ -208,7 +208,7 @@ class _FlatProfile:
 
 
 def test_prediction_is_rebuilt_offline_from_the_recorded_config(hooked):
-    from neox_perf.hooks.report import build
+    from neox_perf.runs.report import build
     r = build(str(hooked["run_dir"]), profile=_FlatProfile())
     assert r["cluster"] == "flat-test"
     comp = {c["name"]: c for c in r["components"]}
@@ -227,9 +227,9 @@ def test_recalibrated_profile_predicts_the_run_it_came_from(hooked, tmp_path):
     if not hooked["cluster"]:
         pytest.skip("no bundled cluster profile")
     from neox_perf.calibration.store import SampleStore
-    from neox_perf.hooks import prediction
-    from neox_perf.hooks.recalibrate import recalibrate_from_run
-    from neox_perf.hooks.summary import store_files
+    from neox_perf.runs import prediction
+    from neox_perf.runs.recalibrate import recalibrate_from_run
+    from neox_perf.runs.files import store_files
     from neox_perf.predictors.profile import load_profile
     out = recalibrate_from_run(str(hooked["run_dir"]), hooked["cluster"], str(tmp_path / "cpu-run"))
     assert out["factors"]["linear1/fwd"]["calls"] >= 8

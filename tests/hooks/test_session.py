@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 from neox_perf.hooks import failures  # noqa: E402
 from neox_perf.hooks.session import Session  # noqa: E402
 from neox_perf.hooks.settings import Settings, Windows  # noqa: E402
-from neox_perf.hooks.timing import read_iterations  # noqa: E402
+from neox_perf.runs.files import read_iterations  # noqa: E402
 
 
 class Engine(torch.nn.Module):

@@ -1,6 +1,6 @@
 """Killing `neox-perf calibrate` mid-way loses at most the point in flight; a re-run completes.
 
-(calibration.run's own kill-and-resume is tested in tests/calibration; this is the command.)"""
+(calibration.sweep's own kill-and-resume is tested in tests/calibration; this is the command.)"""
 import json
 import sqlite3
 import subprocess

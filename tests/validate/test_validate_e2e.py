@@ -54,6 +54,29 @@ def test_the_json_envelope_has_the_comparison(validated, capsys):
     assert progress and progress[-1][1] == 5  # 2 warm-up + 3 measured iterations
 
 
+def test_the_error_is_bounded_on_both_sides(validated):
+    result, _ = validated
+    (r,) = result.results
+    # the predicted side is the one pipeline's, at the precision the CPU run computes in
+    from neox_perf.config import WorldRequest, build, load_files
+    from neox_perf.derive import derive
+    from neox_perf.predict import load_cluster, predict
+    profile = load_cluster("perlmutter-a100")
+    cfg, _, _ = build(load_files(r.config), WorldRequest(gpus=2),
+                      cluster_gpus_per_node=profile.facts.gpus_per_node)
+    expected = predict(cfg, derive(cfg, 500), profile, precision="fp32").iteration_seconds
+    assert r.predicted_seconds == expected
+    # one stage: its components are the whole predicted iteration
+    assert sum(c["predicted_seconds"] for c in r.components) == pytest.approx(r.predicted_seconds, rel=1e-9)
+    # measured: each rank's split of its fastest iteration, which no slowest-rank iteration beats
+    split = sum(c["measured_seconds"] for c in r.components)
+    assert 0.5 * r.measured_seconds <= split <= r.measured_seconds * (1 + 1e-9)
+    # an A100 runs this model faster than one CPU core per process does (load on the box only
+    # slows the measured side), and predicts a positive time: -100% < error < 0
+    assert -1.0 < r.error < 0.0
+    assert r.error == pytest.approx(r.predicted_seconds / r.measured_seconds - 1.0)
+
+
 def test_the_text_names_the_config_and_the_error(validated):
     from rich.console import Console
     from neox_perf.render.validate_text import render

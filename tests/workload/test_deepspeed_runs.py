@@ -112,7 +112,7 @@ def test_stage_boundaries_are_the_engines(run, name):
     assert [s["layers"] for s in lay["stages"]] == [[a, b] for a, b in zip(parts, parts[1:])]
     for rk in run(name)["ranks"]:  # each rank's PipelineModule bounds, as it built them
         assert rk["layers"] == lay["stages"][rk["stage"]]["layers"]
-    derive = pytest.importorskip("neox_perf.derive")
+    from neox_perf import derive
     from neox_perf.config import WorldRequest, build, load_files
     cfg, _, _ = build(load_files(run(name)["config_files"]), WorldRequest(gpus=2))
     d = derive.derive(cfg, VOCAB)

@@ -1,16 +1,15 @@
-"""What the project's predictor says about a running job: config -> decomposition -> estimate.
+"""What the project's predictor says about a hooked job: recorded config -> neox_perf.predict.
 
-Rebuilds a NeoxConfig from the values the hook recorded (neox_args.discover), with the
-world size the job really has and the precision the engine really runs, derives the model
-and the per-stage decomposition, and asks a cluster profile for the times. Pure functions
-of recorded data, so `neox-perf report` recomputes them offline with any profile. No torch.
+Rebuilds a NeoxConfig from the values the hook recorded (hooks/neox_args.discover), with the
+world size the job really has and the precision the engine really runs, derives the model,
+and predicts it with the one pipeline (neox_perf.predict) at the layer counts the engine
+really partitioned. Pure functions of recorded data, so `neox-perf report` recomputes them
+offline with any profile; rank 0 calls them once at start. No torch.
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import Any, Dict, List, Optional, Tuple
-
-from .trace_map import Dims
 
 _PRECISION = {"fp16": "fp16", "bf16": "bfloat16", "fp32": "fp32"}
 
@@ -54,30 +53,23 @@ def rebuild(record: Dict[str, Any], facts: Dict[str, Any], cluster_gpn: Optional
     return cfg, derived, notes
 
 
-def dims(cfg, derived) -> Dims:
-    from neox_perf.operators import mlp_widths
-    m, mp = cfg.model, max(cfg.parallel.model_parallel_size, 1)
-    hd = m.head_dim
-    ffn_out, ffn_in = mlp_widths(cfg)
-    return Dims(hidden=m.hidden_size, qkv=(m.hidden_size + 2 * m.num_kv_heads * hd) // mp,
-                ffn_out=ffn_out // mp, ffn_in=ffn_in // mp, vocab=derived.padded_vocab // mp,
-                hidden_local=m.hidden_size // mp, source="config")
+# The blocks DeepSpeed's partition counts as layers (PipelineModule layer class names).
+BLOCKS = ("ParallelTransformerLayerPipe", "GMLPBlock", "RWKVResidualLayerPipe",
+          "ParallelMambaResidualLayerPipe")
+
+
+def engine_layer_counts(derived, facts) -> Optional[List[int]]:
+    """Blocks per stage as the engine partitioned them (its `parts` and layer names), or None
+    when the engine did not say."""
+    parts, names = facts.get("parts"), facts.get("layer_names")
+    if not (parts and names and len(parts) == len(derived.stages) + 1):
+        return None
+    return [sum(1 for n in names[a:b] if n in BLOCKS) for a, b in zip(parts, parts[1:])]
 
 
 def stage_shapes(derived, facts) -> list:
-    from neox_perf.operators import StageShape
-    stages = derived.stages
-    parts, names = facts.get("parts"), facts.get("layer_names")
-    counts = None
-    if parts and names and len(parts) == len(stages) + 1:
-        blocks = ("ParallelTransformerLayerPipe", "GMLPBlock", "RWKVResidualLayerPipe",
-                  "ParallelMambaResidualLayerPipe")
-        counts = [sum(1 for n in names[a:b] if n in blocks) for a, b in zip(parts, parts[1:])]
-    last = len(stages) - 1
-    return [StageShape(index=s.index,
-                       transformer_layers=counts[s.index] if counts else s.transformer_layers,
-                       has_embedding=s.index == 0, has_head=s.index == last,
-                       params_per_rank=s.params_per_rank) for s in stages]
+    from neox_perf.predict import stage_shapes as shapes
+    return shapes(derived, engine_layer_counts(derived, facts))
 
 
 def load(cluster: Optional[str]):
@@ -85,13 +77,12 @@ def load(cluster: Optional[str]):
     if not cluster:
         return None, ("no cluster profile (neox-perf run --cluster NAME, or NEOX_PERF_CLUSTER): "
                       "prediction skipped")
-    from neox_perf.predictors.profile import load_profile
+    from neox_perf.errors import UsageError
+    from neox_perf.predict import load_cluster
     try:
-        return load_profile(cluster), ""
-    except Exception as exc:
-        line = getattr(exc, "line", None)
-        text = line() if callable(line) else str(exc)
-        return None, f"cluster profile {cluster!r} not usable ({text}): prediction skipped"
+        return load_cluster(cluster), ""
+    except UsageError as exc:
+        return None, f"cluster profile {cluster!r} not usable ({exc}): prediction skipped"
 
 
 def predict(record, facts, profile) -> Dict[str, Any]:
@@ -109,11 +100,10 @@ def predict(record, facts, profile) -> Dict[str, Any]:
         if record and record.get("why"):
             out["notes"].append(f"no NeoX config: {record['why']}")
         return out
-    from neox_perf.estimate import estimate
-    from neox_perf.operators import decompose
+    from neox_perf.predict import predict as pipeline
     try:
-        decomp = decompose(cfg, derived.padded_vocab, stage_shapes(derived, facts))
-        est = estimate(decomp, profile)
+        p = pipeline(cfg, derived, profile, transformer_layers=engine_layer_counts(derived, facts))
+        decomp, est = p.decomposition, p.estimate
     except Exception as exc:  # a profile without some operator, a layout it cannot place
         line = getattr(exc, "line", None)
         out["notes"].append(f"no prediction: {line() if callable(line) else exc}")

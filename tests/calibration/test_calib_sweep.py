@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("torch")
 
 from neox_perf.calibration.plan import load_plan  # noqa: E402
-from neox_perf.calibration.run import calibrate, training_rows  # noqa: E402
+from neox_perf.calibration.sweep import calibrate, training_rows  # noqa: E402
 from neox_perf.calibration.store import SampleStore  # noqa: E402
 
 from calib_helpers import FakeClock  # noqa: E402
@@ -49,8 +49,7 @@ def test_calibrate_stores_every_point_then_resumes(tmp_path, tiny_plan):
 
 
 def test_samples_become_the_trainers_training_sets(tmp_path, tiny_plan):
-    pytest.importorskip("neox_perf.predictors.samples")
-    from neox_perf.calibration.run import training_sets
+    from neox_perf.predictors.local import training_sets
     store_path = tmp_path / "cal.sqlite"
     calibrate(tiny_plan, store_path, clock=FakeClock())
     sets = training_sets(store_path)
@@ -62,9 +61,9 @@ def test_samples_become_the_trainers_training_sets(tmp_path, tiny_plan):
     assert sets[("optimizer", "step")].features["params"].tolist() == [100.0, 200.0]
 
 
-def test_oversized_points_are_reported_not_run(tmp_path, monkeypatch):
-    from neox_perf.calibration import run
-    monkeypatch.setattr(run, "memory_budget", lambda device, fraction=0.5: 1e5)
+def test_oversized_points_are_reported_not_run(tmp_path, mocker):
+    from neox_perf.calibration import sweep
+    mocker.patch.object(sweep, "memory_budget", return_value=1e5)
     plan = tmp_path / "p.yml"
     plan.write_text("protocol: {warmup: 0, repeats: 1}\nops:\n  gelu: {tokens: [4, 100000], width: 8}\n")
     summary = calibrate(str(plan), tmp_path / "s.sqlite", clock=FakeClock())
@@ -74,7 +73,7 @@ def test_oversized_points_are_reported_not_run(tmp_path, monkeypatch):
 
 KILLABLE = textwrap.dedent("""
     import itertools, sys, time
-    from neox_perf.calibration.run import calibrate
+    from neox_perf.calibration.sweep import calibrate
 
     ticks = itertools.count()
 

@@ -1,4 +1,7 @@
-"""Per-rank artefacts in the run dir, written so that a reader never sees half a file.
+"""The run dir's files: where the hook writes them and how they are read back.
+
+Written inside the ranks (hooks/) so that a reader never sees half a file, read offline by
+the report and recalibration (runs/):
 
     rank-00003.json              summary (atomic: write a temp file, fsync, rename)
     rank-00003.iterations.jsonl  one line per iteration (timing.py)
@@ -29,6 +32,8 @@ def store_file(run_dir: str, host: str) -> str:
 
 def store_files(run_dir: str) -> List[str]:
     return sorted(glob.glob(os.path.join(run_dir, STORE_GLOB)))
+
+
 RUN_FILE = "run.json"
 
 
@@ -84,3 +89,19 @@ def read_rank_summaries(run_dir: str) -> List[Dict[str, Any]]:
             if isinstance(data, dict) and data.get("schema") == SCHEMA:
                 out.append(data)
     return sorted(out, key=lambda d: d.get("rank", 0))
+
+
+def read_iterations(path: str):
+    """[(index, seconds, profiled)] from a JSON-lines file; a torn last line is skipped."""
+    out = []
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                try:
+                    rec = json.loads(line)
+                    out.append((int(rec["i"]), float(rec["s"]), bool(rec.get("p", 0))))
+                except (ValueError, KeyError, TypeError):
+                    continue
+    except FileNotFoundError:
+        pass
+    return out

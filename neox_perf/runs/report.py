@@ -12,8 +12,9 @@ import os
 import statistics
 from typing import Any, Dict, List, Optional
 
-from . import prediction, summary
-from .timing import read_iterations
+from . import files as runfiles
+from . import prediction
+from .files import read_iterations
 
 
 class ReportError(Exception):
@@ -38,7 +39,7 @@ def _pick_job(summaries: List[dict], notes: List[str]) -> List[dict]:
 def _iterations(run_dir: str, ranks: List[dict], notes: List[str]) -> Dict[str, Any]:
     per_rank, series = [], {}
     for s in ranks:
-        its = read_iterations(summary.iterations_file(run_dir, s["rank"]))
+        its = read_iterations(runfiles.iterations_file(run_dir, s["rank"]))
         plain = [sec for i, sec, prof in its if not prof and i > 0] or \
                 [sec for i, sec, prof in its if not prof]
         per_rank.append({"rank": s["rank"], "stage": (s.get("facts") or {}).get("stage"),
@@ -204,7 +205,7 @@ def _coverage(ranks: List[dict]) -> List[dict]:
 
 
 def _samples(run_dir: str) -> Dict[str, Any]:
-    files = summary.store_files(run_dir)
+    files = runfiles.store_files(run_dir)
     out: Dict[str, Any] = {"stores": files, "count": 0, "ranks": [], "stages": []}
     ranks, stages = set(), set()
     for path in files:
@@ -225,7 +226,7 @@ def _samples(run_dir: str) -> Dict[str, Any]:
 def _launch_record(run_dir: str) -> Dict[str, Any]:
     import json
     try:
-        with open(os.path.join(run_dir, summary.RUN_FILE), encoding="utf-8") as fh:
+        with open(os.path.join(run_dir, runfiles.RUN_FILE), encoding="utf-8") as fh:
             data = json.load(fh)
         return data if isinstance(data, dict) else {}
     except (OSError, ValueError):
@@ -237,7 +238,7 @@ def build(run_dir: str, cluster: Optional[str] = None, profile=None, top: int = 
     if not os.path.isdir(run_dir):
         raise ReportError(f"{run_dir}: no such run dir")
     notes: List[str] = []
-    summaries = summary.read_rank_summaries(run_dir)
+    summaries = runfiles.read_rank_summaries(run_dir)
     if not summaries:
         raise ReportError(f"{run_dir}: no rank summaries: the hook never attached to a DeepSpeed "
                           f"engine (did the command call deepspeed.initialize? see errors.log)")

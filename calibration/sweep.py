@@ -206,36 +206,3 @@ def training_rows(store_path, *, device: Optional[int] = None, source: Optional[
     """The stored samples as the trainer's rows: op, phase, features..., seconds, dtype, ..."""
     with SampleStore(store_path) as store:
         return store.rows(device=device, source=source)
-
-
-def training_sets(store_path, *, device: Optional[int] = None, dtype: Optional[str] = None,
-                  source: Optional[str] = None):
-    """The samples as the predictors' TrainingSets, keyed by (op, phase) like load_cluster.
-
-    ``file_index`` is 0 (the store) and ``line`` the sample id, so a row the cleaning drops
-    can be traced back. One device and one dtype at a time: mixing two machines (or fp16
-    with bf16) in one regressor would fit neither; pass device= / dtype= to choose.
-    """
-    import numpy as np
-
-    from neox_perf.predictors.samples import TrainingSet
-
-    from .store import feature_names
-
-    with SampleStore(store_path) as store:
-        samples = store.samples(device=device, source=source)
-    if dtype is not None:
-        samples = [s for s in samples if s.dtype == dtype]
-    for name, values in (("device", {s.device_id for s in samples}), ("dtype", {s.dtype for s in samples})):
-        if len(values) > 1:
-            raise ValueError(f"{store_path}: samples of several {name}s ({', '.join(map(str, sorted(values)))}); "
-                             f"pass {name}= to choose one")
-    groups: Dict[Tuple[str, str], list] = {}
-    for s in samples:
-        groups.setdefault((s.op, s.phase), []).append(s)
-    return {(op, phase): TrainingSet(
-                op, phase, {n: np.array([s.features[n] for s in group], dtype=float)
-                            for n in feature_names(op)},
-                np.array([s.seconds for s in group], dtype=float),
-                np.zeros(len(group), dtype=np.int64), np.array([s.id for s in group], dtype=np.int64))
-            for (op, phase), group in groups.items()}

@@ -1,0 +1,249 @@
+"""A profile's engine terms: what a DeepSpeed step costs beyond its operators, typed.
+
+`neox-perf calibrate` measures them (calibration/engine.py, calibration/tp_allreduce.py) and
+predictors/local.fit_engine fits them into the manifest's "engine" section. That section is
+parsed here, in one place, into EngineSection (frozen; a malformed section is one line
+naming the key); estimate.py applies it to a decomposition through EngineTerms, and
+`calibrate --from-run` writes terms back through EngineSection.to_dict.
+
+Four kinds of term, each where its cost scales differently:
+- Residual (layer_forward/backward, other_forward/backward): seconds + per_unit * x on top
+  of the operators, x the operators' own seconds (inside a layer) or the logits (outside);
+- Linear (optimizer_step, grad_flatten, grad_accumulate, zero_reduce, zero_step, and
+  tp_allreduce per element): t0 + per_tensor * tensors + per_param * params;
+- Curve (dp_allreduce, dp_allgather): measured [elements, seconds] points of a ZeRO step's
+  whole-model collectives, interpolated.
+Each term keeps the fit's own statistics (rows, errors, sampled range) unread, for the
+manifest and the calibrate table.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+from .errors import NeoxPerfError
+
+RESIDUALS = ("layer_forward", "layer_backward", "other_forward", "other_backward")
+LINEARS = ("optimizer_step", "grad_flatten", "grad_accumulate", "zero_reduce", "zero_step",
+           "tp_allreduce")
+CURVES = ("dp_allreduce", "dp_allgather")
+COEFFICIENTS = ("t0", "per_tensor", "per_param", "per_element")
+
+
+class EngineTermsError(NeoxPerfError):
+    """A manifest's engine section that cannot be read: one line naming the key."""
+
+
+@dataclass(frozen=True)
+class Residual:
+    seconds: float
+    per_unit: float
+    extra: Mapping[str, Any] = field(default_factory=dict)  # feature and fit statistics
+
+    def at(self, x: float) -> float:
+        return self.seconds + self.per_unit * x
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"seconds": self.seconds, "per_unit": self.per_unit, **self.extra}
+
+
+@dataclass(frozen=True)
+class Linear:
+    t0: float = 0.0
+    per_tensor: float = 0.0
+    per_param: float = 0.0
+    per_element: float = 0.0
+    names: Tuple[str, ...] = ()  # the coefficients the manifest gives, in its order
+    processes: Optional[int] = None  # the group a collective term was measured in
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def at(self, params: float = 0.0, tensors: float = 0.0) -> float:
+        return self.t0 + self.per_tensor * tensors + self.per_param * params
+
+    def to_dict(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {"coef": {n: getattr(self, n) for n in self.names}}
+        if self.processes is not None:
+            out["processes"] = self.processes
+        return {**out, **self.extra}
+
+
+@dataclass(frozen=True)
+class Curve:
+    points: Tuple[Tuple[float, float], ...]  # (elements, seconds), by size
+    processes: Optional[int]
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def at(self, x: float) -> float:
+        """Interpolated between the measured sizes, beyond the largest at its cost per element."""
+        pts = self.points
+        for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+            if x <= x1:
+                return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+        return pts[-1][1] * x / pts[-1][0]
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"points": [list(p) for p in self.points], "processes": self.processes, **self.extra}
+
+
+@dataclass(frozen=True)
+class EngineSection:
+    """The manifest's "engine" section, parsed."""
+
+    precision: Optional[str]
+    residuals: Mapping[str, Residual] = field(default_factory=dict)
+    linears: Mapping[str, Linear] = field(default_factory=dict)
+    curves: Mapping[str, Curve] = field(default_factory=dict)
+    extra: Mapping[str, Any] = field(default_factory=dict)  # source, shapes, extra_rows, ...
+
+    @classmethod
+    def parse(cls, data: Mapping[str, Any], where: str = "engine") -> "EngineSection":
+        if not isinstance(data, Mapping):
+            raise EngineTermsError(f"{where}: not a mapping (fix: recalibrate the profile)")
+        residuals, linears, curves, extra = {}, {}, {}, {}
+        for key, value in data.items():
+            try:
+                if key in RESIDUALS and value:
+                    residuals[key] = Residual(float(value["seconds"]), float(value["per_unit"]),
+                                              _rest(value, ("seconds", "per_unit")))
+                elif key in LINEARS and value:
+                    coef = value["coef"]
+                    unknown = set(coef) - set(COEFFICIENTS)
+                    if unknown:
+                        raise ValueError(f"unknown coefficients {sorted(unknown)}")
+                    processes = value.get("processes")
+                    linears[key] = Linear(**{n: float(v) for n, v in coef.items()},
+                                          names=tuple(coef),
+                                          processes=None if processes is None else int(processes),
+                                          extra=_rest(value, ("coef", "processes")))
+                elif key in CURVES and value:
+                    points = tuple((float(a), float(b)) for a, b in value.get("points") or ())
+                    processes = value.get("processes")
+                    curves[key] = Curve(points, None if processes is None else int(processes),
+                                        _rest(value, ("points", "processes")))
+                elif key != "precision":
+                    extra[key] = value
+            except (KeyError, TypeError, ValueError) as exc:
+                raise EngineTermsError(f"{where}.{key}: cannot be read ({exc.__class__.__name__}: "
+                                       f"{exc}) (fix: recalibrate the profile)") from None
+        return cls(data.get("precision"), residuals, linears, curves, extra)
+
+    def to_dict(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {"precision": self.precision}
+        out.update({k: v.to_dict() for k, v in self.residuals.items()})
+        out.update({k: v.to_dict() for k, v in self.linears.items()})
+        out.update({k: v.to_dict() for k, v in self.curves.items()})
+        out.update(self.extra)
+        return out
+
+    def with_terms_of(self, other: "EngineSection", *names: str) -> "EngineSection":
+        """This section with ``other``'s terms of these names (kept from an older fit)."""
+        def pick(mine, theirs):
+            return {**mine, **{n: theirs[n] for n in names if n in theirs}}
+        return replace(self, residuals=pick(self.residuals, other.residuals),
+                       linears=pick(self.linears, other.linears),
+                       curves=pick(self.curves, other.curves))
+
+    def linear(self, name: str) -> Optional[Linear]:
+        return self.linears.get(name)
+
+
+def _rest(value: Mapping[str, Any], known) -> Dict[str, Any]:
+    return {k: v for k, v in value.items() if k not in known}
+
+
+def section_of(profile) -> Optional[EngineSection]:
+    """The profile's engine section, parsed; None without one. Parsed per prediction (a
+    dozen keys): a profile's manifest may be replaced between two predictions."""
+    terms = (getattr(profile, "manifest", None) or {}).get("engine")
+    if not terms:
+        return None
+    return EngineSection.parse(terms, f"{getattr(profile, 'name', 'profile')}: manifest engine")
+
+
+@dataclass(frozen=True)
+class EngineTerms:
+    """A profile's engine terms applied to one decomposition (None when not applicable)."""
+
+    section: EngineSection
+    m: int  # micro-batches per iteration
+    zero_stage: int
+
+    @property
+    def deepspeed_path(self) -> bool:  # measured on DeepSpeed's non-ZeRO optimizer path
+        return self.zero_stage == 0
+
+    @property
+    def zero_path(self) -> bool:
+        # stages 1 and 2 run one optimizer class (zero/stage_1_and_2.py); the ZeRO pass ran 1
+        return self.zero_stage in (1, 2) and "zero_step" in self.section.linears
+
+    @classmethod
+    def of(cls, profile, decomp) -> Optional["EngineTerms"]:
+        section = section_of(profile)
+        if section is None or section.precision != decomp.precision:
+            return None
+        return cls(section, decomp.micro_batches, decomp.zero_stage)
+
+    def _residual(self, name: str, x: float) -> float:
+        term = self.section.residuals.get(name)
+        return term.at(x) if term else 0.0
+
+    def layer(self, phase: str, operators: float) -> float:
+        """Seconds one layer adds to its operators' `operators` seconds in this phase."""
+        return self._residual(f"layer_{phase}", operators)
+
+    def other(self, phase: str, operators: float, logits: float) -> float:
+        """What the embedding, head and loss add (charged to the stage with the logits)."""
+        if logits <= 0:
+            return 0.0
+        return max(self._residual(f"other_{phase}", logits), -operators)
+
+    def _linear(self, name: str, params: float, tensors: float) -> Optional[float]:
+        term = self.section.linears.get(name)
+        return None if term is None else term.at(params, tensors)
+
+    def optimizer(self, params: float, tensors: float,
+                  partition: Optional[float] = None) -> Optional[float]:
+        """The optimizer step beside its collectives; None: keep the operator prediction.
+        ``partition``: the parameters this rank's optimizer steps (default all of them)."""
+        if self.deepspeed_path:
+            return self._linear("optimizer_step", params, tensors)
+        if self.zero_path:
+            return self._linear("zero_step", params if partition is None else partition, 0)
+        return None
+
+    def grad_flatten(self, params: float) -> float:
+        return (self._linear("grad_flatten", params, 0) or 0.0) if self.deepspeed_path else 0.0
+
+    def grad_reduce(self, params: float) -> float:
+        """Per iteration: what reducing the gradients costs beside the all-reduces themselves."""
+        if self.deepspeed_path:
+            return self.grad_flatten(params)
+        if not self.zero_path:
+            return 0.0
+        # ZeRO-1 reduces at the accumulation boundary only; ZeRO-2 in every micro-batch's
+        # backward (stage_1_and_2.reduce_ready_partitions_and_remove_grads)
+        times = self.m if self.zero_stage == 2 else 1
+        return (self._linear("zero_reduce", params, 0) or 0.0) * times
+
+    def dp_collective(self, call) -> Optional[float]:
+        """A data-parallel all-reduce / all-gather as a ZeRO step runs it, when measured for this
+        group and at least as large as the smallest one measured (below, the collective
+        benchmark's own samples are the better guide)."""
+        c = self.section.curves.get(call.purpose)
+        if (c is None or not c.points or call.nodes != 1 or call.gpus_per_node != c.processes
+                or call.elements < c.points[0][0]):
+            return None
+        return c.at(call.elements)
+
+    def tp_allreduce(self, call) -> Optional[float]:
+        """A tensor-parallel all-reduce as training sees it, when measured for this group."""
+        c = self.section.linears.get("tp_allreduce")
+        if c is None or call.nodes != 1 or call.gpus_per_node != c.processes:
+            return None
+        return c.t0 + c.per_element * call.elements
+
+    def accumulate(self, params: float, tensors: float) -> float:
+        """Per micro-batch on average: every micro-batch after the first adds its gradients."""
+        per = self._linear("grad_accumulate", params, tensors) or 0.0
+        return per * (self.m - 1) / self.m

@@ -1,0 +1,132 @@
+"""How far off a cluster profile is on a hooked run, and a profile corrected by the run's level.
+
+run_errors measures a profile against the run (the numbers `neox-perf report` shows), so
+`calibrate --from-run` can say how far off the profile was before and after.
+
+recalibrate_from_run is the level correction (a bundled profile, or one whose store is
+gone): each operator/phase and collective model of the profile is scaled by the median ratio
+measured / predicted over the run's samples of it (weighted by calls). A profile predicts
+`baseline(features) * exp(trees(features))` and the baseline is linear in its non-negative
+coefficients, so scaling the coefficients scales the prediction exactly and keeps the
+trees' shape. Models without samples in the run are left as they were; a model derived
+from another phase follows that phase. This fixes a level (a different GPU clock, a library
+version, CPU vs GPU), not a shape the original samples never covered. The refit (a profile
+`neox-perf calibrate` fitted from a store that still exists) is runs.merge + runs.engine_rows.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from . import FromRunError, prediction
+from . import files as runfiles
+from .profile_dir import recover_dir, replace_dir, temp_dir_for, write_manifest
+
+
+def _weighted_median(pairs: List[Tuple[float, int]]) -> float:
+    pairs = sorted(pairs)
+    total = sum(w for _, w in pairs)
+    acc = 0.0
+    for value, weight in pairs:
+        acc += weight
+        if acc >= total / 2.0:
+            return value
+    return pairs[-1][0]
+
+
+def _run_samples(run_dir: str):
+    from neox_perf.calibration.store import SampleStore
+    out, devices = [], []
+    for path in runfiles.store_files(run_dir):
+        with SampleStore(path) as store:
+            out += store.samples(source="run")
+            devices += list(store.devices().values())
+    return out, devices
+
+
+def run_errors(run_dir: str, profile) -> Dict[str, Any]:
+    """The profile against the run: the iteration (predicted vs the job's measured min and
+    median) and every mapped operator (predicted vs the median of its calls), as the report
+    computes them. Errors are signed (predicted - measured) / measured; the operator summary
+    is the median of their absolute values, and the per-iteration time they are off by
+    relative to the time they take (calls weighted)."""
+    from .report import build
+    r = build(run_dir, profile=profile, top=0)
+    it = r["iteration"]
+    rows = [o for o in r["operators"] if o["error"] is not None]
+    off = sum(abs(o["predicted"] - o["measured"]) * o["calls_per_iteration"] for o in rows)
+    took = sum(o["measured"] * o["calls_per_iteration"] for o in rows)
+    return {
+        "profile": r["cluster"],
+        "iteration": {"predicted": it["predicted"], "measured_median": it["measured"]["median"],
+                      "measured_min": it["measured"]["min"], "error": it["error_median"],
+                      "error_min": it["error_min"]},
+        "operators": {"compared": len(rows), "of": len(r["operators"]),
+                      "median_abs_error": statistics.median(abs(o["error"]) for o in rows) if rows else None,
+                      "time_weighted_abs_error": off / took if took else None},
+        "notes": [n for n in r["notes"] if "no prediction" in n or "not usable" in n],
+    }
+
+
+def recalibrate_from_run(run_dir: str, profile, out_dir: str, name: Optional[str] = None) -> Dict[str, Any]:
+    """Write a corrected copy of `profile` (name, directory or ClusterProfile) to `out_dir`,
+    named `name` (default: the directory's name); out_dir is replaced in one step."""
+    from neox_perf import opspec
+    from neox_perf.predictors.profile import MANIFEST_FILE, load_profile
+    prof = load_profile(profile) if not hasattr(profile, "manifest") else profile
+    # A cluster description predicts through the sampled profile it is based on: the models
+    # scaled (and the trees copied) are that base's, the name and facts the description's.
+    models = getattr(prof, "base", None) or prof
+    samples, devices = _run_samples(os.path.abspath(run_dir))
+    if not samples:
+        raise FromRunError(f"{run_dir}: no run samples to recalibrate from (fix: run the job "
+                           f"with `neox-perf run` and at least one profiling window)")
+    ratios: Dict[Tuple[str, str], List[Tuple[float, int]]] = {}
+    skipped: Dict[str, str] = {}
+    for s in samples:
+        phase = "comm" if s.op in opspec.COLLECTIVES else s.phase
+        pred, why = prediction.predict_call(models, s.op, phase, s.features, s.dtype)
+        if not pred or pred <= 0:
+            skipped[f"{s.op}/{phase}"] = why or "no prediction"
+            continue
+        # The median of the calls: what `neox-perf report` compares a prediction with.
+        ratios.setdefault((s.op, phase), []).append((s.median / pred, max(int(s.repeats), 1)))
+    manifest = copy.deepcopy(prof.manifest)
+    manifest.pop("transfer", None)  # the corrected models stand on their own
+    factors: Dict[str, Dict[str, Any]] = {}
+    for (op, phase), pairs in sorted(ratios.items()):
+        entry = (manifest["collectives"].get(op) if phase == "comm"
+                 else manifest["operators"].get(op, {}).get(phase))
+        key = f"{op}/{phase}"
+        if entry is None or "baseline" not in entry:
+            skipped[key] = "derived from another phase or not in the profile"
+            continue
+        factor = _weighted_median(pairs)
+        entry["baseline"]["coef"] = [c * factor for c in entry["baseline"]["coef"]]
+        factors[key] = {"factor": factor, "samples": len(pairs),
+                        "calls": sum(w for _, w in pairs)}
+    final = Path(out_dir)
+    name = name or final.resolve().name
+    manifest["name"] = name
+    manifest.setdefault("provenance", {})["recalibrated"] = {
+        "from_profile": prof.name, "run_dir": os.path.abspath(run_dir), "time": time.time(),
+        "method": "baseline coefficients x weighted median(measured / predicted) per model",
+        "factors": factors, "skipped": skipped, "devices": devices}
+    recover_dir(final)
+    tmp = temp_dir_for(final)
+    try:
+        arrays = (manifest.get("arrays") or {}).get("file")
+        if arrays:  # the trees, unchanged (the manifest keeps their checksum)
+            shutil.copy2(os.path.join(str(models.path), arrays), tmp / arrays)
+        write_manifest(tmp / MANIFEST_FILE, manifest)
+        replace_dir(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return {"profile": str(final.resolve()), "name": name, "from_profile": prof.name,
+            "factors": factors, "skipped": skipped, "samples": len(samples)}

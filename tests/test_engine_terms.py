@@ -1,0 +1,66 @@
+"""The manifest's engine section, parsed once into frozen dataclasses and written back as it was."""
+from types import SimpleNamespace
+
+import pytest
+
+from neox_perf.engine_terms import EngineSection, EngineTerms, EngineTermsError
+
+SECTION = {
+    "precision": "fp32", "source": "/x/s.engine.json", "shapes": ["a", "b"],
+    "layer_forward": {"seconds": 1e-3, "per_unit": 0.5, "feature": "operators", "rows": 3},
+    "other_backward": {"seconds": -2e-3, "per_unit": 1e-9, "feature": "logits", "rows": 3},
+    "optimizer_step": {"coef": {"t0": 1e-3, "per_tensor": 1e-5, "per_param": 1e-9}, "rows": 3},
+    "grad_accumulate": {"coef": {"per_tensor": 2e-6, "per_param": 3e-10}, "rows": 3},
+    "zero_step": {"coef": {"t0": 4e-3, "per_param": 2e-9}, "stage": 1, "processes": 2},
+    "dp_allreduce": {"points": [[1e6, 1e-3], [1e7, 5e-3]], "processes": 2, "rows": 4},
+    "tp_allreduce": {"coef": {"t0": 1e-4, "per_element": 1e-9}, "processes": 2, "rows": 5},
+}
+
+
+def _terms(zero=0, m=4, section=SECTION):
+    decomp = SimpleNamespace(precision="fp32", micro_batches=m, zero_stage=zero)
+    return EngineTerms.of(SimpleNamespace(name="p", manifest={"engine": section}), decomp)
+
+
+def test_parsed_once_and_written_back_unchanged():
+    sec = EngineSection.parse(SECTION)
+    assert sec.to_dict() == SECTION
+    assert sec.linear("optimizer_step").per_param == 1e-9 and sec.curves["dp_allreduce"].processes == 2
+    with pytest.raises(Exception):
+        sec.precision = "fp16"  # frozen
+
+
+def test_terms_apply_as_the_manifest_says():
+    t = _terms()
+    assert t.layer("forward", 0.01) == 1e-3 + 0.5 * 0.01
+    assert t.layer("backward", 0.01) == 0.0  # no such term: nothing added
+    assert t.other("backward", 0.001, 1e6) == pytest.approx(-1e-3)  # never below -operators
+    assert t.other("backward", 0.0005, 1e6) == -0.0005
+    assert t.optimizer(1e6, 10) == 1e-3 + 1e-5 * 10 + 1e-9 * 1e6
+    assert t.accumulate(1e6, 10) == (2e-6 * 10 + 3e-10 * 1e6) * 3 / 4
+    zero = _terms(zero=1)
+    assert zero.optimizer(1e6, 10, partition=5e5) == 4e-3 + 2e-9 * 5e5
+    call = SimpleNamespace(purpose="dp_allreduce", nodes=1, gpus_per_node=2, elements=5.5e6)
+    assert zero.dp_collective(call) == pytest.approx(3e-3)  # halfway between the points
+    assert zero.dp_collective(SimpleNamespace(**{**call.__dict__, "gpus_per_node": 4})) is None
+    tp = SimpleNamespace(purpose="mp_allreduce", nodes=1, gpus_per_node=2, elements=1e6)
+    assert t.tp_allreduce(tp) == 1e-4 + 1e-9 * 1e6
+
+
+def test_another_precision_or_no_section_applies_nothing():
+    assert _terms(section={**SECTION, "precision": "fp16"}) is None
+    assert _terms(section={}) is None
+
+
+def test_a_malformed_term_is_one_line_naming_the_key():
+    with pytest.raises(EngineTermsError) as err:
+        EngineSection.parse({**SECTION, "optimizer_step": {"coef": {"t0": "fast"}}}, "p: manifest engine")
+    line = err.value.line()
+    assert "\n" not in line and "p: manifest engine.optimizer_step" in line and "fix:" in line
+
+
+def test_an_old_term_is_kept_through_the_dataclass():
+    old = EngineSection.parse(SECTION)
+    refit = EngineSection.parse({k: v for k, v in SECTION.items() if k != "tp_allreduce"})
+    kept = refit.with_terms_of(old, "tp_allreduce")
+    assert kept.to_dict() == SECTION and "tp_allreduce" not in refit.to_dict()
