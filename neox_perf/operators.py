@@ -105,6 +105,20 @@ class Decomposition:
     pipeline_engine: bool = False  # DeepSpeed's PipelineEngine (pipe_parallel_size >= 1) runs it
 
 
+def stage_shapes(derived, transformer_layers: Optional[Sequence[int]] = None) -> List[StageShape]:
+    """The decomposition's view of each derived pipeline stage. ``transformer_layers``
+    overrides the derived count per stage, for a run whose engine partitioned differently."""
+    stages = derived.stages
+    if transformer_layers is not None and len(transformer_layers) != len(stages):
+        raise ValueError(f"{len(transformer_layers)} layer counts for {len(stages)} stages")
+    last = len(stages) - 1
+    return [StageShape(index=s.index,
+                       transformer_layers=(transformer_layers[s.index] if transformer_layers is not None
+                                           else s.transformer_layers),
+                       has_embedding=s.index == 0, has_head=s.index == last,
+                       params_per_rank=s.params_per_rank) for s in stages]
+
+
 def group_placement(size: int, stride: int, gpus_per_node: int,
                     firsts: Optional[Sequence[int]] = None) -> Tuple[int, int]:
     """(nodes, members per node) of a group of `size` ranks spaced `stride` apart.

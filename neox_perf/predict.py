@@ -8,11 +8,13 @@ whose failures are one line naming the cluster and the fix.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
 from .errors import UsageError
 from .estimate import IterationEstimate, estimate
-from .operators import Decomposition, StageShape, decompose
+from .operators import Decomposition, decompose, stage_shapes
+
+__all__ = ["Prediction", "stage_shapes", "predict", "load_cluster"]
 
 
 @dataclass(frozen=True)
@@ -23,20 +25,6 @@ class Prediction:
     @property
     def iteration_seconds(self) -> float:
         return self.estimate.iteration_seconds
-
-
-def stage_shapes(derived, transformer_layers: Optional[Sequence[int]] = None) -> List[StageShape]:
-    """The decomposition's view of each pipeline stage. ``transformer_layers`` overrides the
-    derived count per stage, for a run whose engine partitioned the layers differently."""
-    stages = derived.stages
-    if transformer_layers is not None and len(transformer_layers) != len(stages):
-        raise ValueError(f"{len(transformer_layers)} layer counts for {len(stages)} stages")
-    last = len(stages) - 1
-    return [StageShape(index=s.index,
-                       transformer_layers=(transformer_layers[s.index] if transformer_layers is not None
-                                           else s.transformer_layers),
-                       has_embedding=s.index == 0, has_head=s.index == last,
-                       params_per_rank=s.params_per_rank) for s in stages]
 
 
 def predict(cfg, derived, profile, *, precision: Optional[str] = None,

@@ -60,17 +60,7 @@ class KnownCluster:
     notes: Tuple[str, ...]
 
 
-class _Clusters(dict):
-    # "perlmutter-a100" named the sampled 80 GB cluster before that name went to the 40 GB
-    # nodes' description; a lookup by the old name still finds the samples' facts. Iteration
-    # (and so `train`) sees only the current names.
-    def __missing__(self, key):
-        if key == "perlmutter-a100":
-            return self["perlmutter-a100-80gb"]
-        raise KeyError(key)
-
-
-KNOWN_CLUSTERS: Dict[str, KnownCluster] = _Clusters({
+KNOWN_CLUSTERS: Dict[str, KnownCluster] = {
     # The published samples came from Perlmutter's 80 GB A100 nodes; the standard 40 GB nodes
     # (the paper's Table V) are the bundled description profiles/perlmutter-a100/cluster.yml.
     "perlmutter-a100-80gb": KnownCluster(
@@ -113,4 +103,4 @@ KNOWN_CLUSTERS: Dict[str, KnownCluster] = _Clusters({
             "LPDDR5X); the GPU has 96 GB HBM3 (paper Table V), which is what is recorded.",
         ),
     ),
-})
+}

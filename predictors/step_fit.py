@@ -17,8 +17,7 @@ from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from neox_perf.estimate import estimate
-from neox_perf.predict import stage_shapes
-from neox_perf.operators import decompose
+from neox_perf.operators import decompose, stage_shapes
 from neox_perf.step_terms import FITTED, StepTerms
 
 # Physical bounds: no gap is negative, and a scale stays near 1 (an operator in a real step may

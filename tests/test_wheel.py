@@ -52,6 +52,10 @@ def test_profiles_and_examples_shipped(wheel):
     profiles = [n for n in names if n.startswith("neox_perf/profiles/")]
     assert any(n.endswith("manifest.json") for n in profiles)
     assert any(n.endswith(".npz") for n in profiles)
+    # the 40 GB Perlmutter node and the example DGX are descriptions, not trained profiles
+    assert "neox_perf/profiles/perlmutter-a100/cluster.yml" in names
+    assert "neox_perf/examples/clusters/dgx-a100.yml" in names
+    assert "neox_perf/calibration/plans/quick.yml" in names
 
 
 def test_wheel_is_small(wheel):

@@ -62,7 +62,7 @@ def test_perlmutter_flash_backward_is_kept(tmp_path):
     gpu = "NVIDIAA100-SXM4-80GB"
     folder = _subset(tmp_path, "Perlmutter", [f"{gpu}_flash_atten_fp16.csv"])
     sets, records = load_cluster(folder)
-    result = cleaning.clean(sets, records, KNOWN_CLUSTERS["perlmutter-a100"].facts)
+    result = cleaning.clean(sets, records, KNOWN_CLUSTERS["perlmutter-a100-80gb"].facts)
     assert ("flash_attention", "bwd") in result.sets and not result.derived
     ratio = np.median(sets[("flash_attention", "bwd")].seconds / sets[("flash_attention", "fwd")].seconds)
     assert 2.0 < ratio < 4.5  # the README's ~3.1

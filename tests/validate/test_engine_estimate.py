@@ -51,7 +51,7 @@ zero_optimization: {{stage: {zero}}}
 
 
 def test_engine_terms_apply_when_the_precision_matches(write_yaml):
-    bundled = load_profile("perlmutter-a100")
+    bundled = load_profile("perlmutter-a100-80gb")
     plain = estimate(_decomp(write_yaml, "fp32"), bundled)
     engine = estimate(_decomp(write_yaml, "fp32"), _WithEngine(bundled, ENGINE))
     p, e = plain.stages[0], engine.stages[0]
@@ -64,7 +64,7 @@ def test_engine_terms_apply_when_the_precision_matches(write_yaml):
 
 
 def test_zero_keeps_the_operator_optimizer(write_yaml):
-    bundled = load_profile("perlmutter-a100")
+    bundled = load_profile("perlmutter-a100-80gb")
     e = estimate(_decomp(write_yaml, "fp32", zero=1), _WithEngine(bundled, copy.deepcopy(ENGINE))).stages[0]
     p = estimate(_decomp(write_yaml, "fp32", zero=1), bundled).stages[0]
     assert e.optimizer == pytest.approx(p.optimizer) and e.grad_allreduce == pytest.approx(p.grad_allreduce)

@@ -40,11 +40,11 @@ zero_optimization: {zero_opt}
 
 
 def _stage(decomp, engine):
-    return estimate(decomp, _WithEngine(load_profile("perlmutter-a100"), engine)).stages[0]
+    return estimate(decomp, _WithEngine(load_profile("perlmutter-a100-80gb"), engine)).stages[0]
 
 
 def test_zero_terms_replace_the_optimizer_and_add_to_the_reduction(write_yaml):
-    bundled = load_profile("perlmutter-a100")
+    bundled = load_profile("perlmutter-a100-80gb")
     d = _decomp(write_yaml, 1)
     work = d.stages[0]
     params, partition = work.params_per_rank, work.optimizer.feature_dict()["params"]
@@ -69,7 +69,7 @@ def test_zero2_reduces_in_every_micro_batch(write_yaml):
 
 
 def test_measured_dp_collectives_only_where_they_were_measured(write_yaml):
-    bundled = load_profile("perlmutter-a100")
+    bundled = load_profile("perlmutter-a100-80gb")
     d = _decomp(write_yaml, 1)
     ref = estimate(d, bundled).stages[0]
     small = {**ENGINE, **ZERO, "dp_allreduce": {**ZERO["dp_allreduce"], "points": [[1e12, 1.0], [1e13, 10.0]]},

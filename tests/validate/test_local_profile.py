@@ -80,7 +80,7 @@ def _engine_json(path, profile):
 
 
 def test_engine_terms_recover_a_known_slowdown(tmp_path):
-    profile = load_profile("perlmutter-a100")  # any profile with every operator of a layer
+    profile = load_profile("perlmutter-a100-80gb")  # any profile with every operator of a layer
     _engine_json(tmp_path / "engine.json", profile)
     terms, table = fit_engine(profile, tmp_path / "engine.json")
     for phase in ("forward", "backward"):

@@ -8,7 +8,7 @@ from neox_perf.predictors.profile import _bundled_dir, user_profiles_dir
 
 
 def _copy_bundled(dest, name):
-    src = _bundled_dir() / "perlmutter-a100"
+    src = _bundled_dir() / "perlmutter-a100-80gb"
     shutil.copytree(src, dest / name)
     return dest / name
 
@@ -23,9 +23,9 @@ def test_a_user_profile_loads_by_name_and_is_listed(home):
     path = _copy_bundled(home / "profiles", "mycluster")
     profile = load_profile("mycluster")
     assert profile.path == path.resolve()
-    # the manifest still says perlmutter-a100, and a bundled name is never shadowed
+    # the manifest still says perlmutter-a100-80gb, and a bundled name is never shadowed
     names = [p.path for p in list_profiles()]
-    assert path in names and (_bundled_dir() / "perlmutter-a100") in names
+    assert path in names and (_bundled_dir() / "perlmutter-a100-80gb") in names
 
 
 def test_a_bundled_name_wins_over_a_user_copy(home):
