@@ -39,12 +39,12 @@ from neox_perf.step_terms import FITTED, StepTerms  # noqa: E402
 DEFAULT_CLUSTER = REPO / "neox_perf" / "examples" / "clusters" / "dgx-a100.yml"
 
 
-def _table(title, cases, predicted, key=lambda c: c.key):
+def _table(title, cases, predicted, key=lambda c: c.key, label="layout (tp,dp,pp)"):
     groups = defaultdict(list)
     for c, p in zip(cases, predicted):
         groups[key(c)].append(p / c.measured - 1.0)
     print(f"\n{title}")
-    print(f"{'layout (tp,dp,pp)':>18} {'runs':>5} {'MAPE %':>7} {'signed %':>9} {'worst %':>8}")
+    print(f"{label:>18} {'runs':>5} {'MAPE %':>7} {'signed %':>9} {'worst %':>8}")
     for k in sorted(groups):
         e = np.array(groups[k])
         print(f"{str(k):>18} {len(e):5d} {np.mean(np.abs(e)) * 100:7.1f} {np.mean(e) * 100:9.1f} "
@@ -141,7 +141,7 @@ def main(argv=None) -> int:
         res = step_fit.cross_validate(cases, profile, terms, groups=folds, linearisation=lin)
         print()
         by[name] = _line(f"cross-validated by {name} (fit on the others)", measured, res.predicted, cases)
-        _table(f"cross-validated by {name}", cases, res.predicted, key=key)
+        _table(f"cross-validated by {name}", cases, res.predicted, key=key, label=name.split()[0])
 
     shares = np.array([estimate(c.decomposition, profile, terms).extrapolated_share
                        for c in cases])
