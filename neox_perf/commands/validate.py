@@ -60,6 +60,7 @@ class ConfigValidation:
     components: List[Dict[str, object]]  # per component: predicted / measured seconds, error
     stages: List[Dict[str, object]]  # per stage, per component: predicted / measured
     notes: List[str] = field(default_factory=list)
+    interval_seconds: Optional[List[float]] = None  # the prediction's 80% interval, if any
 
     @property
     def error(self) -> float:
@@ -71,7 +72,8 @@ class ConfigValidation:
                 "measured_seconds": self.measured_seconds,
                 "measured_median_seconds": self.measured_median_seconds,
                 "error": self.error, "iterations": self.iterations, "warmup": self.warmup,
-                "components": self.components, "stages": self.stages, "notes": self.notes}
+                "components": self.components, "stages": self.stages, "notes": self.notes,
+                "interval_seconds": self.interval_seconds}
 
 
 @dataclass
@@ -298,7 +300,8 @@ def validate_one(configs: Sequence[str], gpus: int, profile, iters: int,
         predicted_seconds=pred.estimate.iteration_seconds, measured_seconds=min(per_iter),
         measured_median_seconds=statistics.median(per_iter), iterations=len(per_iter),
         warmup=WARMUP_ITERATIONS, components=_component_rows(pred_stages, meas_stages),
-        stages=stages, notes=list(dict.fromkeys(notes)))
+        stages=stages, notes=list(dict.fromkeys(notes)),
+        interval_seconds=list(pred.estimate.interval_seconds) if pred.estimate.interval_seconds else None)
 
 
 def check_inputs(args) -> None:

@@ -58,6 +58,9 @@ def _render_report(r: dict, console) -> None:
     head.add_row("median", _s(it["predicted"]), _s(m["median"]), _e(it["error_median"]))
     console.print(head)
     console.print(f"[dim]{m['used']} of {m['count']} iterations used; excluded: {m['excluded']}[/dim]")
+    if it.get("interval_seconds"):
+        lo, hi = it["interval_seconds"]
+        console.print(f"80% interval of the prediction: {_s(lo)} .. {_s(hi)}")
 
     comp = Table(title="Components (Table IX)", title_justify="left", box=box.SIMPLE_HEAD)
     for col in ("component", "predicted", "measured", "error", "note"):

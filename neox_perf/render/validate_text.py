@@ -17,11 +17,13 @@ def _layout(lay: dict) -> str:
 def render(result, console) -> None:
     table = Table(title=f"Predicted vs measured seconds per iteration ({result.cluster}, "
                         f"{result.gpus} processes)", title_justify="left")
-    for col in ("config", "layout", "predicted", "measured (min)", "median", "error"):
+    for col in ("config", "layout", "predicted", "80% interval", "measured (min)", "median", "error"):
         table.add_column(col, justify="left" if col in ("config", "layout") else "right")
     for r in result.results:
         name = ", ".join(c.rsplit("/", 1)[-1] for c in r.config)
-        table.add_row(name, _layout(r.layout), f"{r.predicted_seconds:.3f}", f"{r.measured_seconds:.3f}",
+        iv = getattr(r, "interval_seconds", None)
+        table.add_row(name, _layout(r.layout), f"{r.predicted_seconds:.3f}",
+                      f"{iv[0]:.3f} .. {iv[1]:.3f}" if iv else "-", f"{r.measured_seconds:.3f}",
                       f"{r.measured_median_seconds:.3f}", _err(r.error))
     console.print(table)
     comp = Table(title="Per component (seconds per iteration, max over stages; predicted / measured)",

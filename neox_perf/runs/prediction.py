@@ -111,6 +111,7 @@ def predict(record, facts, profile) -> Dict[str, Any]:
     out.update({
         "profile": profile.name,
         "iteration_seconds": est.iteration_seconds,
+        "interval_seconds": list(est.interval_seconds) if est.interval_seconds else None,
         "breakdown": dict(est.breakdown),
         "stages": [dataclasses.asdict(s) for s in est.stages],
         "stage_ready": list(est.timeline.stage_ready),

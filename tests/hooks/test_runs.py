@@ -124,7 +124,7 @@ def test_report_predicted_vs_measured(hooked):
     r = hooked["report"]
     assert r["schema"] == "neox-perf/report/v1" and r["exit_code"] == 0
     assert REPORT_KEYS <= set(r)
-    assert {"measured", "predicted", "error_min", "error_median"} <= set(r["iteration"])
+    assert {"measured", "predicted", "error_min", "error_median", "interval_seconds"} <= set(r["iteration"])
     assert r["layout"]["engine"] == "PipelineEngine" and r["layout"]["stages"] == 2
     m = r["iteration"]["measured"]
     assert m["count"] == ITERS and m["used"] == 3  # 1, 2 and 11
@@ -137,6 +137,8 @@ def test_report_predicted_vs_measured(hooked):
     if hooked["cluster"]:
         assert r["cluster"] == hooked["cluster"]
         assert r["iteration"]["predicted"] > 0 and r["iteration"]["error_median"] is not None
+        lo, hi = r["iteration"]["interval_seconds"]  # the bundled profile carries residuals
+        assert lo < r["iteration"]["predicted"] < hi
         assert comp["stage 1 forward (per micro-batch)"]["predicted"] > 0
         assert any(o["predicted"] for o in r["operators"])
     # `neox-perf run` printed the same report when the launch ended
