@@ -30,6 +30,13 @@ def config_verdicts(cfg: NeoxConfig) -> List[Verdict]:
         add("heads_divisible_by_mp", "error",
             f"num_attention_heads {m.num_attention_heads} is not divisible by model_parallel_size {mp}",
             "model_parallel_size", "use a model_parallel_size that divides the head count")
+    from .derive.params import mlp_widths
+    widths = mlp_widths(m)
+    if any(w % mp for w in widths):  # mpu.divide asserts in ColumnParallelLinear/RowParallelLinear
+        add("mlp_divisible_by_mp", "error",
+            f"the MLP widths {'/'.join(map(str, widths))} are not divisible by model_parallel_size {mp}",
+            "model_parallel_size", "use a model_parallel_size that divides the MLP width "
+                                   "(or set intermediate_size to a multiple of it)")
     if m.num_kv_heads != m.num_attention_heads:
         if m.num_attention_heads % m.num_kv_heads:
             add("kv_heads_divide_heads", "error",

@@ -12,6 +12,7 @@ import traceback
 from typing import List, Optional
 
 from . import __version__, exitcodes
+from .commands.argtypes import positive_float as _positive_float, positive_int as _positive_int
 from .errors import NeoxPerfError, UsageError
 
 
@@ -19,26 +20,6 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, exit code USAGE, like every other problem
         sys.stderr.write(f"neox-perf: usage error: {message} (see `{self.prog} --help`)\n")
         raise SystemExit(exitcodes.USAGE)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number")
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,6 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
                                            "$NEOX_PERF_HOME/stores/NAME.sqlite); resumed when present")
     calibrate.add_argument("--out", help="profile directory to write (default: "
                                          "$NEOX_PERF_HOME/profiles/NAME)")
+    calibrate.add_argument("--for", dest="for_configs", nargs="+", metavar="CONFIG",
+                           help="also sample every operator shape and collective size these NeoX "
+                                "configs run (each file one config), and their neighbours")
+    calibrate.add_argument("--gpus", type=_positive_int,
+                           help="GPUs the --for configs run on (default: --nproc)")
     calibrate.add_argument("--nproc", type=_positive_int,
                            help="processes for the collectives (default: the GPUs here, else 2)")
     calibrate.add_argument("--no-engine", dest="engine", action="store_false",

@@ -185,7 +185,7 @@ class SharedDerive:
         from .derive.flops import flops
         from .derive.layers import recomputed_layers
         from .derive.memory import stage_memory
-        from .derive.model import DerivedModel, Stage, Tokens, _warnings
+        from .derive.model import Stage, assemble
         model, parallel, training = cfg.model, cfg.parallel, cfg.training
         opts = DeriveOptions.from_values(cfg.values)
         vocab, layers, parts, counts, totals, largest = self.structure(
@@ -223,13 +223,7 @@ class SharedDerive:
         estimate = self._flops.get(fkey)
         if estimate is None:
             estimate = self._flops[fkey] = flops(model, training, layers, vocab, recomputed, opts)
-        per_iter = training.train_batch_size * model.seq_length
-        iters = training.train_iters
-        tokens = Tokens(per_iter, None if iters is None else per_iter * iters)
-        return DerivedModel(
-            padded_vocab=vocab, layers=layers, parts=parts, stages=tuple(stages), params=totals,
-            flops=estimate, tokens=tokens, options=opts,
-            warnings=tuple(_warnings(cfg, opts, layers, stages, pipelined)))
+        return assemble(cfg, opts, vocab, layers, parts, stages, totals, estimate, pipelined)
 
 
 # ---------------------------------------------------------------------------------------------

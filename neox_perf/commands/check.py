@@ -56,4 +56,4 @@ def run_check(args) -> CheckResult:
 
 # Findings that leave nothing sensible to derive (shapes would not be whole numbers).
 _BLOCKING = {"hidden_divisible_by_heads", "heads_divisible_by_mp", "kv_heads_divide_heads",
-             "kv_heads_divisible_by_mp", "world_divisible"}
+             "kv_heads_divisible_by_mp", "mlp_divisible_by_mp", "world_divisible"}

@@ -7,36 +7,7 @@ from typing import List, Optional
 
 from .. import exitcodes
 from ..errors import UsageError
-
-
-def _gpus(text: str) -> List[int]:
-    import argparse
-    out = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part.isdigit() or int(part) < 1:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a GPU count or a comma-separated "
-                                             f"list of them (e.g. 64,96,128)")
-        out.append(int(part))
-    return out
-
-
-def _fraction(text: str) -> float:
-    import argparse
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number")
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be above 0 and at most 1 (e.g. 0.9)")
-    return value
-
-
-def _count(text: str) -> int:
-    import argparse
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0")
-    return int(text)
+from .argtypes import count as _count, fraction as _fraction, gpu_counts as _gpus
 
 
 def add_arguments(parser) -> None:

@@ -80,7 +80,15 @@ def derive(config: NeoxConfig, raw_vocab: int, gpu_memory_bytes: Optional[int] =
 
     estimate = flops(model, training, layers, vocab,
                      recomputed_layers(layers, parts, interval, pipelined), opts)
-    per_iter = training.train_batch_size * model.seq_length
+    return assemble(config, opts, vocab, layers, parts, stages, totals, estimate, pipelined)
+
+
+def assemble(config: NeoxConfig, opts: DeriveOptions, vocab: int, layers, parts, stages, totals,
+             estimate, pipelined: bool) -> DerivedModel:
+    """The derived model from its parts; `plan` builds the parts once per layout family and
+    assembles each candidate here, so tokens and warnings come from one place."""
+    training = config.training
+    per_iter = training.train_batch_size * config.model.seq_length
     iters = training.train_iters
     tokens = Tokens(per_iter, None if iters is None else per_iter * iters)
     return DerivedModel(

@@ -91,3 +91,20 @@ def test_world_from_nodes_and_global_num_gpus(write_yaml):
     assert cfg.parallel.world_size == 8
     cfg, _, _ = cfg_of(write_yaml, "train_micro_batch_size_per_gpu: 1\nglobal_num_gpus: 3\n")
     assert cfg.parallel.world_size == 3 and "global_num_gpus" in cfg.parallel.world_size_source
+
+
+def test_mlp_width_not_divisible_by_mp_is_refused_in_one_line(write_yaml, capsys):
+    """NeoX's mpu.divide asserts when tensor parallelism does not divide the MLP width."""
+    from neox_perf import checks
+    from neox_perf.cli import main
+    cfg, _, _ = cfg_of(write_yaml, "model_parallel_size: 4\nintermediate_size: 1030\ntrain_micro_batch_size_per_gpu: 1\n", gpus=4)
+    codes = {v.code for v in checks.config_verdicts(cfg)}
+    assert "mlp_divisible_by_mp" in codes
+    ok, _, _ = cfg_of(write_yaml, "model_parallel_size: 4\nintermediate_size: 1032\ntrain_micro_batch_size_per_gpu: 1\n", gpus=4)
+    assert "mlp_divisible_by_mp" not in {v.code for v in checks.config_verdicts(ok)}
+    path = write_yaml("b.yml", BASE + "model_parallel_size: 4\nintermediate_size: 1030\ntrain_micro_batch_size_per_gpu: 1\n")
+    assert main(["check", path, "--gpus", "4", "--json"]) == 1
+    import json
+    verdicts = json.loads(capsys.readouterr().out)["verdicts"]
+    line = next(v for v in verdicts if v["code"] == "mlp_divisible_by_mp")
+    assert line["key"] == "model_parallel_size" and line["file"] == path and line["fix"]
