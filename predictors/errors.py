@@ -1,7 +1,7 @@
 """Errors of the predictors: one line each, naming the file and how to fix it."""
 from __future__ import annotations
 
-from neox_perf.errors import NeoxPerfError
+from neox_perf.errors import NeoxPerfError, PathError
 
 
 class SampleFileError(NeoxPerfError):
@@ -15,11 +15,5 @@ class SampleFileError(NeoxPerfError):
         super().__init__(" ".join(f"{where}: {problem}".split()))
 
 
-class ProfileError(NeoxPerfError):
+class ProfileError(PathError):
     """A cluster profile is missing, corrupt, or not a neox-perf profile."""
-
-    def __init__(self, path, problem: str, fix: str):
-        self.path = str(path)
-        self.problem = problem
-        self.fix = fix
-        super().__init__(" ".join(f"{self.path}: {problem} (fix: {fix})".split()))
