@@ -4,6 +4,8 @@ In order:
 1. GPT-NeoX: `deepspeed.initialize(args=neox_args, ...)` (megatron/training.py) hands us the
    NeoXArgs object: every key, defaults included, plus the runtime `padded_vocab_size`.
    If it was not passed, `megatron.neox_arguments` may still hold it on a loaded module.
+   Failing that, the `--megatron_config` deepy.py hands every rank (base64 JSON of the
+   merged YAML after NeoX's own derivations: the same values NeoXArgs is built from).
 2. The switch's PYTHON_NEOX_PERF_CONFIG files (+ PYTHON_NEOX_PERF_VOCAB): any script.
 3. neox-perf's reference workload (`-m neox_perf.calibration.workload.train --config ...`):
    its own command line.
@@ -60,6 +62,46 @@ def _from_megatron() -> Optional[Dict[str, Any]]:
     return None
 
 
+MEGATRON_CONFIG = "--megatron_config"
+# CharLevelTokenizer's size in NeoX's build_tokenizer; other tokenizers' sizes come from files
+_FIXED_VOCAB = {"CharLevelTokenizer": 512}
+
+
+def megatron_config_arg(argv: List[str]) -> Optional[str]:
+    for i, a in enumerate(argv):
+        if a == MEGATRON_CONFIG and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith(MEGATRON_CONFIG + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def from_megatron_config(encoded: str) -> Optional[Dict[str, Any]]:
+    """The values of deepy.py's `--megatron_config` (what NeoXArgs.consume_neox_args reads)."""
+    import base64
+    import json
+    try:
+        values = json.loads(base64.urlsafe_b64decode(encoded).decode("utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(values, dict):
+        return None
+    from neox_perf.config.neox_keys import KEYS
+    kept = {k: _jsonable(v) for k, v in values.items() if k in KEYS and v is not None}
+    if "hidden_size" not in kept or "num_layers" not in kept:
+        return None
+    padded = kept.pop("padded_vocab_size", None)
+    raw = _FIXED_VOCAB.get(str(kept.get("tokenizer_type")))
+    return {"source": "GPT-NeoX --megatron_config (deepy.py)", "values": kept,
+            "files": sorted((values.get("config_files") or {}).keys()),
+            "vocab": int(padded) if padded else raw, "vocab_padded": bool(padded)}
+
+
+def _from_argv() -> Optional[Dict[str, Any]]:
+    encoded = megatron_config_arg(sys.argv)
+    return from_megatron_config(encoded) if encoded else None
+
+
 def from_files(files: List[str], vocab: Optional[int], source: str) -> Dict[str, Any]:
     from neox_perf.config import load_files
     raw = load_files(list(files))
@@ -86,7 +128,7 @@ def discover(init_args, settings) -> Dict[str, Any]:
     found = from_neox_args(init_args)
     if found:
         return found
-    found = _from_megatron()
+    found = _from_megatron() or _from_argv()
     if found:
         return found
     if settings.config_files:

@@ -40,6 +40,7 @@ class Session:
         self.clock = None
         self.windowed = None
         self.writer: Optional[SampleWriter] = None
+        self.memory = None  # MemoryProbe: per-component state and the peak, for the report
         self.total = WindowResult()
         self.window_meta: List[dict] = []
         self.prediction: Optional[dict] = None
@@ -78,6 +79,9 @@ class Session:
             sync = torch.cuda.synchronize
         self.clock = IterationClock(runfiles.iterations_file(self.settings.run_dir, self.rank), sync)
         self.writer = SampleWriter(self.settings.run_dir, f, self.settings.job, self.settings.inject)
+        from .memory import MemoryProbe
+        self.memory = MemoryProbe(f["device_type"])
+        self.memory.baseline(engine)
         if self.settings.windows.enabled:
             from .profiling import Windowed
             self.windowed = Windowed(self.settings.windows, f["device_type"], self._window)
@@ -230,10 +234,21 @@ class Session:
                           for (op, ph), s in sorted(t.op_phases.items())],
             "unmapped": [dict(name=k, **v) for k, v in unmapped[:UNMAPPED_KEPT]],
             "unmapped_more": max(len(unmapped) - UNMAPPED_KEPT, 0),
+            "glue": [dict(name=k, **v) for k, v in
+                     sorted(t.glue.items(), key=lambda kv: -kv[1]["seconds"])[:UNMAPPED_KEPT]],
+            "memory": self._memory(),
             "samples_written": self.writer.count if self.writer else 0,
             "prediction": self.prediction,
             "notes": list(dict.fromkeys(self.notes + t.notes)),
         }
+
+    def _memory(self) -> Optional[Dict[str, Any]]:
+        if self.memory is None or self.engine is None:
+            return None
+        try:
+            return self.memory.measure(self.engine)
+        except Exception as exc:  # a memory reading never costs the summary
+            return {"error": f"{exc.__class__.__name__}: {exc}"}
 
     # ---- stepping aside, finishing ---------------------------------------------------------
     def fail(self, where: str, exc: BaseException) -> None:

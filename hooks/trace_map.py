@@ -19,6 +19,18 @@ How an event becomes an operator:
   numbers >= 0 (backward-internal ops carry -1), which is how they are told apart.
 - Collectives run as `gloo:all_reduce` / `nccl:all_reduce` ... events (gloo on its own
   worker threads); their group is inferred from the phase range they fall in.
+- Glue: what no rule names but runs inside a phase range next to named operators (bias
+  adds after a skip_bias_add linear, the views/splits/transposes around attention, the
+  autograd nodes of those, gradient accumulation into .grad, DeepSpeed's flatten and
+  norm/clip around a collective or the optimizer) belongs to the operator it serves: it is
+  added to the nearest operator call in time within the same range instance (the latest
+  one before it, else the first after it), forward or backward side as that call's event
+  was. What has no operator in its range stays unmapped. `glue` lists what was attributed.
+  Host time between events inside a forward/backward range (the Python that prepares and
+  issues the next operator; it is what separates a CPU op's launch from the last one) joins
+  the operator issued next, except where a collective on another thread covers it (waiting
+  for a collective is the collective's time, already counted). It is listed in `glue` as
+  "host time between operators".
 Durations: CPU inclusive time on a CPU run, summed kernel time on a GPU run.
 The event and context types live in trace_events, the per-operator rules in trace_rules.
 """
@@ -41,6 +53,13 @@ __all__ = ["Dims", "Event", "Groups", "MapContext", "Unmapped", "OpAgg", "Window
 EVALUATE = "autograd::engine::evaluate_function: "
 PHASE_PREFIX = "neox_perf::"
 ITERATION_PHASE = "iteration"
+# Ranges whose unnamed work joins the nearest named operator (see "Glue" above).
+GLUE_PHASES = frozenset({"forward", "backward", "reduce_grads", "reduce_tied_grads",
+                         "optimizer_step", "step"})
+GAP_PHASES = frozenset({"forward", "backward"})
+HOST_GAP = "host time between operators"
+BIAS_ADD = "bias add of a RowParallelLinear (skip_bias_add)"
+SKIP_BIAS_LINEARS = frozenset({"linear2", "linear4"})
 MAX_KEPT_DURATIONS = 256  # per operator key, for the median; the rest only counts
 
 
@@ -98,6 +117,7 @@ class WindowResult:
     phases: Dict[str, OpAgg] = field(default_factory=dict)  # neox-perf range -> time
     op_phases: Dict[Tuple[str, str], float] = field(default_factory=dict)  # (op, range) -> s
     unmapped: Dict[str, dict] = field(default_factory=dict)  # name -> calls, seconds, reason
+    glue: Dict[str, dict] = field(default_factory=dict)  # name -> calls, seconds, ops it joined
     iterations: int = 0
     events: int = 0
     notes: List[str] = field(default_factory=list)
@@ -118,6 +138,12 @@ class WindowResult:
                                                    "reason": u["reason"], "example": u["example"]})
             mine["calls"] += u["calls"]
             mine["seconds"] += u["seconds"]
+        for name, g in other.glue.items():
+            mine = self.glue.setdefault(name, {"calls": 0, "seconds": 0.0, "ops": {}})
+            mine["calls"] += g["calls"]
+            mine["seconds"] += g["seconds"]
+            for op, sec in g["ops"].items():
+                mine["ops"][op] = mine["ops"].get(op, 0.0) + sec
         self.iterations += other.iterations
         self.events += other.events
         for n in other.notes:
@@ -179,6 +205,13 @@ class _Walker:
         self.owners = _Owners()
         # [op, features, fwd seconds, bwd seconds, bwd nodes, phase, recomputed]
         self.calls: List[list] = []
+        # (time, call, "fwd"|"bwd"): where each call's forward event and backward nodes ran
+        self.anchors: List[Tuple[float, int, str]] = []
+        self.glue: List[Tuple[Event, str, Optional[str]]] = []
+        self.collective_spans: List[Tuple[float, float]] = []
+        self._merged_spans: Optional[List[List[float]]] = None
+        # thread -> (RowParallel linear awaiting its bias, bias seen expanded)
+        self._pending_bias: Dict[int, Tuple[int, bool]] = {}
         self.out = WindowResult(events=len(events), iterations=len(self.iteration_ranges))
 
     def seconds(self, e: Event) -> float:
@@ -186,13 +219,19 @@ class _Walker:
         us = e.device if self.ctx.device == "cuda" else e.dur
         return max(us, 0.0) * 1e-6
 
-    def phase_at(self, t: float) -> str:
+    def range_at(self, t: float) -> Optional[Tuple[float, float, str]]:
         # Ranges nest only shallowly (a plain engine's gradient all-reduce runs inside its
         # backward): the innermost range holding t is the latest-starting one that does.
         i = bisect.bisect_right(self.range_starts, t) - 1
         for j in range(i, max(i - 8, -1), -1):
             if t <= self.ranges[j][1]:
-                return self.ranges[j][2]
+                return self.ranges[j]
+        return None
+
+    def phase_at(self, t: float) -> str:
+        r = self.range_at(t)
+        if r is not None:
+            return r[2]
         for lo, hi, _ in self.iteration_ranges:
             if lo <= t <= hi:
                 return ITERATION_PHASE
@@ -203,8 +242,8 @@ class _Walker:
             self.out.phases.setdefault(e.name[len(PHASE_PREFIX):], OpAgg()).add(self.seconds(e))
         for root in self.roots:
             _, leftovers = self._visit(root, in_backward=False)
-            for e, reason, name in leftovers:
-                self._unmapped(e, reason, name)
+            self.glue.extend(leftovers)
+        self._attribute_glue(self._host_gaps())
         self._finish_calls()
         return self.out
 
@@ -217,23 +256,47 @@ class _Walker:
             return self._collective(e, m.group(2))
         kids = self.children.get(e.id, ())
         if e.name.startswith("c10d::"):
-            # The backend event (gloo: on its own thread) carries the time, not the dispatch.
-            return self._visit_all(kids, in_backward)
+            # The backend event (gloo: on its own thread) carries the collective's time; the
+            # dispatch and what the caller waits beyond it are glue (less the overlap).
+            mapped, leftovers = self._visit_all(kids, in_backward)
+            if mapped or leftovers:
+                return mapped, leftovers
+            return False, [(e, "collective dispatch", None)]
         # Inside backward only recomputed forward ops (aten, sequence number >= 0) are ops;
         # autograd node events there carry their forward op's number.
         op_like = not in_backward or (e.seq >= 0 and e.name.startswith("aten::"))
+        if e.name in ("aten::expand_as", "aten::expand") and e.thread in self._pending_bias \
+                and len(shape(e, 0)) == 1:
+            self._pending_bias[e.thread] = (self._pending_bias[e.thread][0], True)
         if op_like:
             phase = self.phase_at(e.start)
             try:
                 hit = match(e, self.ctx, phase, in_backward)
             except Unmapped as exc:
+                # a real operator that could not be named: reported, never glue
                 self._own(e, None)
-                return False, [(e, str(exc), None)]
+                self._unmapped(e, str(exc))
+                return False, []
             if hit is not None:
                 op, feats = hit
+                pending = self._pending_bias.pop(e.thread, None) if op == "res_add" else None
+                owner = pending[0] if pending and pending[1] else None
+                if owner is not None:
+                    # NeoX's skip_bias_add: RowParallelLinear returns its bias, added by
+                    # bias_dropout_add as a same-shape add (bias.expand_as(residual)) right
+                    # before the residual add: the bias of the GEMM, not a residual.
+                    self._join((e.start, owner, "fwd"), self.seconds(e), BIAS_ADD)
+                    self._own(e, owner)
+                    return True, []
                 self.calls.append([op, _features(op, feats), self.seconds(e), 0.0, 0, phase,
                                    in_backward])
-                self._own(e, len(self.calls) - 1)
+                call = len(self.calls) - 1
+                self.anchors.append((e.start, call, "fwd"))
+                self._own(e, call)
+                if op in SKIP_BIAS_LINEARS and not in_backward:
+                    self._pending_bias[e.thread] = (call, False)
+                else:
+                    self._pending_bias.pop(e.thread, None)
                 return True, []
             if e.seq >= 0:
                 self.owners.add(e.thread, e.seq, None)
@@ -242,8 +305,10 @@ class _Walker:
                 return False, []
             return False, [(e, "no rule for this operator", None)]
         mapped, leftovers = self._visit_all(kids, in_backward)
-        if not mapped and e.name.startswith("aten::"):
-            # Report an unmapped aten op as itself, not as the pieces it is made of.
+        if not mapped and (e.name.startswith("aten::") or not leftovers) \
+                and not e.name.startswith(PHASE_PREFIX) and not e.name.startswith("ProfilerStep#"):
+            # Report an unmapped op as itself, not as the pieces it is made of (an autograd
+            # Function whose only child is a collective's dispatch included).
             return False, [(e, "no rule for this operator", None)]
         return mapped, leftovers
 
@@ -276,10 +341,10 @@ class _Walker:
                 call = distinct.pop()  # e.g. CopySlices wrapping MaskedFillBackward0
             elif inner:
                 for c, node in inner:
-                    self._add_backward(c, self.seconds(node))
+                    self._add_backward(c, self.seconds(node), node.start)
                 return True, []
         if call is not None:
-            self._add_backward(call, self.seconds(e))
+            self._add_backward(call, self.seconds(e), e.start)
             return True, []
         mapped, leftovers = self._visit_all(self.children.get(e.id, ()), in_backward=True)
         if not mapped:
@@ -301,10 +366,11 @@ class _Walker:
             stack.extend(self.children.get(x.id, ()))
         return out
 
-    def _add_backward(self, call: int, seconds: float) -> None:
+    def _add_backward(self, call: int, seconds: float, start: float) -> None:
         rec = self.calls[call]
         rec[3] += seconds
         rec[4] += 1
+        self.anchors.append((start, call, "bwd"))
 
     # collectives
     def _collective(self, e: Event, what: str):
@@ -326,7 +392,89 @@ class _Walker:
         nodes, gpn = group
         feats = {"elements": prod(x), "nodes": nodes, "gpus_per_node": gpn}
         self.calls.append([kind, _features(kind, feats), self.seconds(e), 0.0, 0, phase, False])
+        self.anchors.append((e.start, len(self.calls) - 1, "fwd"))
+        self.collective_spans.append((e.start, e.start + e.dur))
         return True, []
+
+    def _host_gaps(self) -> List[Tuple[float, float, float]]:
+        """(start, end, seconds) of host time inside forward/backward ranges between their
+        direct children, less what collectives on other threads cover. CPU runs only: on a
+        GPU the operators' time is kernel time and host gaps overlap it."""
+        if self.ctx.device == "cuda":
+            return []
+        out = []
+        for r in self.range_events:
+            if r.name[len(PHASE_PREFIX):] not in GAP_PHASES:
+                continue
+            cursor, end = r.start, r.start + r.dur
+            for c in self.children.get(r.id, ()):  # sorted by start
+                if c.start > cursor:
+                    out.append((cursor, c.start))
+                cursor = max(cursor, c.start + c.dur)
+            if end > cursor:
+                out.append((cursor, end))
+        gaps = []
+        for lo, hi in out:
+            us = self._uncovered_us(lo, hi)
+            if us > 0:
+                gaps.append((lo, hi, us * 1e-6))
+        return gaps
+
+    def _uncovered_us(self, lo: float, hi: float) -> float:
+        """Microseconds of [lo, hi] no mapped collective covers: a rank waiting inside
+        c10d (a model-parallel region's all-reduce, say) is the collective's time."""
+        if self._merged_spans is None:
+            merged: List[List[float]] = []
+            for a, b in sorted(self.collective_spans):
+                if merged and a <= merged[-1][1]:
+                    merged[-1][1] = max(merged[-1][1], b)
+                else:
+                    merged.append([a, b])
+            self._merged_spans = merged
+        covered = sum(max(0.0, min(hi, b) - max(lo, a)) for a, b in self._merged_spans
+                      if a < hi and b > lo)
+        return max((hi - lo) - covered, 0.0)
+
+    def _attribute_glue(self, gaps) -> None:
+        anchors = sorted(self.anchors)
+        times = [a[0] for a in anchors]
+
+        def nearest(t: float, after_first: bool):
+            rng = self.range_at(t)
+            if rng is None or rng[2] not in GLUE_PHASES:
+                return None
+            lo, hi, _ = rng
+            # a gap ends where the operator it issues starts: that one counts as "after"
+            i = bisect.bisect_left(times, t) if after_first else bisect.bisect_right(times, t)
+            before = anchors[i - 1] if i >= 1 and times[i - 1] >= lo else None
+            after = anchors[i] if i < len(anchors) and times[i] <= hi else None
+            return (after or before) if after_first else (before or after)
+
+        for lo, hi, seconds in gaps:
+            target = nearest(hi, after_first=True)
+            if target is not None:
+                self._join(target, seconds, HOST_GAP)
+        for e, reason, name in self.glue:
+            target = nearest(e.start, after_first=False)
+            if target is None:
+                if self.phase_at(e.start) == "reduce_grads" and self.ctx.groups.dp <= 1:
+                    reason = ("gradient reduction with data parallelism 1 (DeepSpeed still "
+                              "flattens and reduces): no operator of the decomposition")
+                self._unmapped(e, reason, name)
+                continue
+            seconds = self.seconds(e)
+            if self.ctx.device != "cuda" and self.collective_spans:
+                seconds = min(seconds, self._uncovered_us(e.start, e.start + e.dur) * 1e-6)
+            self._join(target, seconds, name or e.name)
+
+    def _join(self, target, seconds: float, name: str) -> None:
+        _, call, part = target
+        self.calls[call][2 if part == "fwd" else 3] += seconds
+        g = self.out.glue.setdefault(name, {"calls": 0, "seconds": 0.0, "ops": {}})
+        g["calls"] += 1
+        g["seconds"] += seconds
+        op = f"{self.calls[call][0]} {part}"
+        g["ops"][op] = g["ops"].get(op, 0.0) + seconds
 
     def _unmapped(self, e: Event, reason: str, name: Optional[str] = None) -> None:
         key = name or e.name
@@ -359,8 +507,35 @@ def _features(op: str, feats: dict) -> Tuple[Tuple[str, float], ...]:
     return tuple(sorted((k, int(v) if float(v).is_integer() else float(v)) for k, v in feats.items()))
 
 
+DUMP_ENV = "PYTHON_NEOX_PERF_TRACE_DUMP"  # a directory: every mapped window is also saved there
+
+
 def map_events(events: Sequence[Event], ctx: MapContext) -> WindowResult:
+    _dump(events, ctx)
     return _Walker(events, ctx).run()
+
+
+def _dump(events: Sequence[Event], ctx: MapContext) -> None:
+    """Save the window's events (JSON, the format tests/hooks/traces/ holds) when asked: how
+    the recorded NeoX traces are made. Never lets a failure reach the mapping."""
+    import os
+    where = os.environ.get(DUMP_ENV, "").strip()
+    if not where:
+        return
+    try:
+        import json
+        from dataclasses import asdict
+        os.makedirs(where, exist_ok=True)
+        rank = int(os.environ.get("RANK", "0"))
+        n = len([f for f in os.listdir(where) if f.startswith(f"rank{rank}-")])
+        path = os.path.join(where, f"rank{rank}-window{n}.json")
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump({"context": {"dims": asdict(ctx.dims), "groups": asdict(ctx.groups),
+                                   "device": ctx.device, "dtype": ctx.dtype,
+                                   "optimizer_params": ctx.optimizer_params},
+                       "events": [e.to_dict() for e in events]}, fh)
+    except Exception:
+        pass
 
 
 def infer_dims(events: Sequence[Event], mp: int = 1) -> Dims:

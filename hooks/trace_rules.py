@@ -163,6 +163,24 @@ def _rule_res_add(e, ctx):
     return None
 
 
+def _rule_rope(e, ctx):
+    # NeoX's apply_rotary_pos_emb(q, k, cos, sin): q [s, b, heads, rot], k [s, b, kv, rot];
+    # one call rotates both (the decomposition's rope counts (heads + kv) / 2 per call).
+    q, k = shape(e, 0), shape(e, 1)
+    if len(q) == 4:
+        kv = k[2] if len(k) == 4 else q[2]
+        return "rope", {"tokens": q[0] * q[1], "heads": (q[2] + kv) / 2.0, "rot_dim": q[3]}
+    return None
+
+
+def _rule_bias_gelu(e, ctx):
+    # NeoX's bias_gelu_fusion: GeLUFunction.apply(input, bias), input [s, b, width].
+    x = shape(e, 0)
+    if len(x) >= 2:
+        return "gelu", {"tokens": prod(x[:-1]), "width": x[-1]}
+    return None
+
+
 def _rule_optimizer(e, ctx):
     if not ctx.optimizer_params:
         raise Unmapped("optimizer step: the number of parameters it updates is unknown")
@@ -197,6 +215,10 @@ _FUSED = {
     "FusedLayerNormFunction": _rule_norm("layernorm"),
     "FusedRMSNormAffineFunction": _rule_norm("rmsnorm"),
     "FusedRMSNormFunction": _rule_norm("rmsnorm"),
+    # TorchScript functions NeoX calls: the profiler records them under their own name.
+    "apply_rotary_pos_emb": _rule_rope,
+    "GeLUFunction": _rule_bias_gelu,
+    "bias_gelu": _rule_bias_gelu,
 }
 
 

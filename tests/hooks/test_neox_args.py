@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from neox_perf.hooks import neox_args, prediction
+from neox_perf.hooks import neox_args
+from neox_perf.hooks.session import config_dims
+from neox_perf.runs import prediction
 from neox_perf.hooks.settings import Settings
 
 NEOX_SRC = Path(os.environ.get("NEOX_PERF_NEOX_SRC", "/tmp/neox"))
@@ -58,7 +60,7 @@ def test_prediction_uses_the_engine_layout_and_precision():
     assert cfg.training.precision == "fp32" and any("engine ran fp32" in n for n in notes)
     assert list(derived.parts) == [0, 4, 9]
     assert [s.transformer_layers for s in prediction.stage_shapes(derived, facts)] == [2, 2]
-    d = prediction.dims(cfg, derived)
+    d = config_dims(cfg, derived)
     assert (d.hidden, d.qkv, d.ffn_out, d.vocab) == (64, 192, 256, 512)
     moved = dict(facts, parts=[0, 3, 9])
     assert any("partitioned the layers as [0, 3, 9]" in n for n in prediction.rebuild(rec, moved)[2])
@@ -87,7 +89,8 @@ sys.meta_path.insert(0, Stub())
 src = sys.argv[1]
 sys.path.insert(0, src)
 from megatron.neox_arguments import NeoXArgs
-from neox_perf.hooks import neox_args, prediction
+from neox_perf.hooks import neox_args
+from neox_perf.runs import prediction
 args = NeoXArgs.from_ymls([src + "/configs/125M.yml", src + "/configs/local_setup.yml"],
                           overwrite_values={"global_num_gpus": 4})
 args.padded_vocab_size = 50304  # set by build_tokenizer at runtime
@@ -111,3 +114,39 @@ def test_real_neox_args_object(tmp_path):
         pytest.skip("GPT-NeoX checkout present but not importable: " + proc.stderr.strip().splitlines()[-1])
     assert lines, proc.stderr[-3000:]
     assert json.loads(lines[0][7:]) == [12, 768, 50304, 4, []]
+
+
+def _deepy_encoded(values):
+    import base64
+    return base64.urlsafe_b64encode(json.dumps(values).encode()).decode()
+
+
+def test_megatron_config_that_deepy_hands_every_rank():
+    # what NeoX's get_deepspeed_main_args serialises: merged keys plus its derived ones
+    values = {"num_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 32,
+              "max_position_embeddings": 32, "pipe_parallel_size": 2, "global_num_gpus": 2,
+              "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4,
+              "train_batch_size": 8, "tokenizer_type": "CharLevelTokenizer",
+              "user_script": "train.py", "config_files": {"tiny.yml": "..."}}
+    argv = ["train.py", "--local_rank=0", "--deepspeed_config", "e30=",
+            "--megatron_config", _deepy_encoded(values)]
+    assert neox_args.megatron_config_arg(argv) == argv[-1]
+    assert neox_args.megatron_config_arg(["x", "--megatron_config=abc"]) == "abc"
+    rec = neox_args.from_megatron_config(argv[-1])
+    assert rec["values"]["gradient_accumulation_steps"] == 4
+    assert rec["files"] == ["tiny.yml"] and rec["vocab"] == 512 and not rec["vocab_padded"]
+    cfg, derived, _ = prediction.rebuild(rec, {"world_size": 2})
+    assert derived.padded_vocab == 512 and len(derived.stages) == 2
+    # garbage is no config, not an exception
+    assert neox_args.from_megatron_config("not base64 json") is None
+    assert neox_args.from_megatron_config(_deepy_encoded({"hidden_size": 8})) is None
+
+
+def test_discovery_reads_megatron_config_from_argv(monkeypatch):
+    values = {"num_layers": 2, "hidden_size": 32, "num_attention_heads": 2, "seq_length": 16,
+              "max_position_embeddings": 16}
+    monkeypatch.setattr(sys, "argv", ["train.py", "--megatron_config", _deepy_encoded(values)])
+    rec = neox_args.discover(None, Settings(run_dir="/x"))
+    assert rec["source"].startswith("GPT-NeoX --megatron_config")
+    # the NeoXArgs object itself still wins: it carries the runtime padded vocabulary
+    assert neox_args.discover(_neox_like(), Settings(run_dir="/x"))["vocab"] == 512
