@@ -252,8 +252,9 @@ def _protocol(raw, file, key, default=(3, 10)) -> Tuple[int, int, float, int]:
     return warmup, repeats, float(min_seconds), max_repeats
 
 
-def _op_points(op: str, raw: dict, defaults: dict, file: str) -> Tuple[List[Dict[str, Any]], int, Tuple[str, ...]]:
-    key = f"ops.{op}"
+def _op_points(op: str, raw: dict, defaults: dict, file: str, key: Optional[str] = None
+               ) -> Tuple[List[Dict[str, Any]], int, Tuple[str, ...]]:
+    key = key or f"ops.{op}"
     raw = dict(_mapping(raw, file, key))
     phases = raw.pop("phases", None)
     spec = opspec.op_spec(op)
@@ -338,22 +339,29 @@ def parse_plan(data: Any, *, source: str = "<plan>", name: Optional[str] = None,
     points: List[PlanPoint] = []
     seen = set()
     skipped: Dict[str, int] = {}
-    for op, raw in ops.items():
+    for op, raws in ops.items():
         if op not in opspec.OPS:
             raise PlanError(file, f"ops.{op}", "unknown operator", f"use one of {', '.join(opspec.OPERATORS)}")
-        feats_list, n_skipped, phases = _op_points(op, raw, defaults, file)
-        if not feats_list:
-            raise PlanError(file, f"ops.{op}", "no combination gives whole per-rank shapes",
-                            "check d is divisible by h and by mp, h by mp")
-        if n_skipped:
-            skipped[op] = n_skipped
-        for feats in feats_list:
-            items = tuple(sorted((k, v) for k, v in feats.items()))
-            for phase in phases:
-                point = PlanPoint(op, phase, items)
-                if point not in seen:  # different mp / h can give the same per-rank shape
-                    seen.add(point)
-                    points.append(point)
+        # a list of blocks is a union of grids: large shapes sampled sparsely (m up to 8192
+        # at small widths only) without the full product of every range
+        blocks = raws if isinstance(raws, list) else [raws]
+        if not blocks:
+            raise PlanError(file, f"ops.{op}", "an empty list samples nothing", "give {} or blocks")
+        for i, raw in enumerate(blocks):
+            where = f"ops.{op}" if len(blocks) == 1 and not isinstance(raws, list) else f"ops.{op}[{i}]"
+            feats_list, n_skipped, phases = _op_points(op, raw, defaults, file, where)
+            if not feats_list:
+                raise PlanError(file, where, "no combination gives whole per-rank shapes",
+                                "check d is divisible by h and by mp, h by mp")
+            if n_skipped:
+                skipped[op] = skipped.get(op, 0) + n_skipped
+            for feats in feats_list:
+                items = tuple(sorted((k, v) for k, v in feats.items()))
+                for phase in phases:
+                    point = PlanPoint(op, phase, items)
+                    if point not in seen:  # different mp / h can give the same per-rank shape
+                        seen.add(point)
+                        points.append(point)
     if len(points) > MAX_POINTS:
         raise PlanError(file, "ops", f"{len(points)} points, more than {MAX_POINTS}", "narrow the ranges")
     collectives, cwarm, crep = _collectives(data.get("collectives"), file)
@@ -407,3 +415,88 @@ def load_plan(plan) -> Plan:
         raise PlanError(path, where, f"not valid YAML: {getattr(exc, 'problem', None) or exc}") from None
     return parse_plan(data, source=str(path), name=path.stem if path in bundled.values() else None,
                       digest=hashlib.sha256(text.encode("utf-8")).hexdigest()[:16])
+
+
+# -- config-targeted points (calibrate --for) -----------------------------------------------
+
+# The feature whose size a job scales first; the neighbourhood steps it x0.5 and x2 so the
+# trees see a slope around the job's own shape rather than one isolated sample.
+_LEADING = ("m", "tokens", "l", "params")
+NEIGHBOURHOOD = (0.5, 2.0)
+
+
+def leading_feature(op: str) -> Optional[str]:
+    names = opspec.op_spec(op).features
+    return next((n for n in _LEADING if n in names), None)
+
+
+def _point(op: str, phase: str, feats: Mapping[str, float]) -> PlanPoint:
+    return PlanPoint(op, phase, tuple(sorted((k, float(int(round(v))) if k != "causal" else float(v))
+                                             for k, v in feats.items())))
+
+
+def decomposition_targets(decomp, neighbourhood=NEIGHBOURHOOD
+                          ) -> Tuple[List[PlanPoint], Dict[str, Tuple[int, ...]]]:
+    """Every operator call and collective size a Decomposition runs, plus the operators'
+    neighbours on the leading size feature: (plan points, {collective kind: elements})."""
+    calls, comms = [], []
+    for st in decomp.stages:
+        for call in (*st.layer_forward, *st.layer_backward, *st.forward, *st.backward,
+                     st.optimizer, st.send_activation, st.send_gradient, *st.grad_sync,
+                     *st.tied_sync, *st.param_allgather):
+            if call is None:
+                continue
+            (comms if hasattr(call, "elements") else calls).append(call)
+    points: List[PlanPoint] = []
+    for call in calls:
+        feats = call.feature_dict()
+        points.append(_point(call.op, call.phase, feats))
+        lead = leading_feature(call.op)
+        for factor in (neighbourhood if lead else ()):
+            value = int(round(feats[lead] * factor))
+            if value >= 1:
+                points.append(_point(call.op, call.phase, {**feats, lead: value}))
+    sizes: Dict[str, set] = {}
+    for c in comms:
+        sizes.setdefault(c.kind, set()).add(max(1, int(round(c.elements))))
+    return (list(dict.fromkeys(points)),
+            {k: tuple(sorted(v)) for k, v in sorted(sizes.items())})
+
+
+def with_targets(plan: Plan, points, collectives: Mapping[str, Tuple[int, ...]]) -> Plan:
+    """The plan plus the targets it does not already hold (its own points keep their order,
+    so a resumed run measures in the same order)."""
+    from dataclasses import replace
+    have = set(plan.points)
+    extra = tuple(p for p in dict.fromkeys(points) if p not in have)
+    merged = {k: tuple(sorted(set(plan.collectives.get(k, ())) | set(collectives.get(k, ()))))
+              for k in set(plan.collectives) | set(collectives)}
+    return replace(plan, points=plan.points + extra, collectives=merged)
+
+
+def estimated_seconds(plan: Plan, seconds_of: Callable[[str, str, Dict[str, Any]], float],
+                      per_point: float = 0.005) -> float:
+    """Wall seconds the operator sweep of ``plan`` takes if one call of each point costs
+    ``seconds_of(op, phase, features)``: warm-up plus the protocol's timed runs (more for
+    cheap ops, up to max_repeats, until min_seconds), a backward run re-doing its forward
+    untimed, one untimed forward to shape the gradient, and ``per_point`` of set-up."""
+    import math
+    total = 0.0
+    most = max(plan.max_repeats, plan.repeats)
+    for p in plan.points:
+        f = p.feature_dict()
+        t = max(float(seconds_of(p.op, p.phase, f)), 1e-7)
+        fwd = float(seconds_of(p.op, "fwd", f)) if p.phase == "bwd" else 0.0
+        runs = plan.repeats
+        if plan.min_seconds > 0:
+            runs = max(runs, min(most, math.ceil(plan.min_seconds / t)))
+        total += (plan.warmup + runs) * (t + fwd) + fwd + per_point
+    return total
+
+
+def roofline_seconds(flops_per_second: float, bytes_per_second: float, launch: float = 5e-6):
+    """seconds_of for estimated_seconds from two rates (a pessimistic stand-in machine)."""
+    def seconds_of(op, phase, feats):
+        return (launch + float(opspec.op_flops(op, phase, feats)) / flops_per_second
+                + float(opspec.op_bytes(op, phase, feats)) / bytes_per_second)
+    return seconds_of

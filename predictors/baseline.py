@@ -17,6 +17,10 @@ is fitted over all its sampled topologies, so a topology that was never sampled 
 still gets a physical answer. alpha is one constant per class, not a per-ring-step latency:
 every sample moves >= 4 MB per rank, so a per-step latency is not identifiable from them and,
 fitted anyway, absorbs bandwidth misfit that then explodes with the step count (n-1).
+For the same reason the fitted alpha is not a latency (85 us for a 2-GPU all-reduce fitted on
+>= 42 MB samples, where NCCL's own model says ~15 us): below a profile's smallest sample the
+prediction is NCCL's documented latency (collective_latency) plus the wire bytes at the rate
+the prediction has at that smallest sample (profile.ClusterProfile._below_samples).
 
 Fitted rates may not beat the hardware: the lower bounds on seconds-per-FLOP / per-byte are
 the same limits that reject samples in cleaning.py, so no extrapolation is faster than a
@@ -26,6 +30,7 @@ Everything here evaluates with numpy alone; the fits use numpy too (no scipy nee
 """
 from __future__ import annotations
 
+import math
 from itertools import combinations
 from typing import Dict, Optional, Sequence, Tuple
 
@@ -46,6 +51,45 @@ def roofline_design(op: str, phase: str, features, dtype_bytes: int = opspec.FP1
     nbytes = np.asarray(opspec.op_bytes(op, phase, features, dtype_bytes), dtype=float)
     flops, nbytes = np.broadcast_arrays(flops, nbytes)
     return np.column_stack([np.ones(flops.size), flops.ravel(), nbytes.ravel()])
+
+
+# NCCL's latency, from its own cost model (src/graph/tuning.cc, Ring algorithm, Simple protocol,
+# the one it uses for the MB-sized messages of training): a per-launch base latency plus one
+# per-hop latency for every step of the critical path. NVLink/NVSwitch hop 3.4 us; a network hop
+# a few us (tuning.cc gives 2.7 LL - 14 Simple; we take 5, NVIDIA's typical IB ring step). These
+# are the physical floor where a profile's samples cannot identify a fixed cost (all far above
+# the latency-bound range); nothing here is fitted.
+NCCL_LAUNCH_S = 8.4e-6
+NCCL_HOP_INTRA_S = 3.4e-6
+NCCL_HOP_INTER_S = 5e-6
+LATENCY_SOURCE = ("NCCL src/graph/tuning.cc cost model, Ring/Simple: 8.4 us per launch + 3.4 us per "
+                  "NVLink step + 5 us per network step; steps 2(n-1) all-reduce, n-1 all-gather, 1 p2p")
+
+
+def collective_hops(kind: str, nodes: int, gpn: int) -> Tuple[float, float]:
+    """(intra-node, inter-node) steps on the critical path of NCCL's fastest algorithm: a ring
+    (2(n-1) steps for all-reduce, n-1 for all-gather, split by where each hop lands), or for an
+    all-reduce over > 2 nodes the tree when its latency is lower; a p2p is one step."""
+    ranks = nodes * gpn
+    if kind == "p2p":
+        return (0.0, 1.0) if nodes > 1 else (1.0, 0.0)
+    steps = 2.0 * (ranks - 1) if kind == "allreduce" else float(ranks - 1)
+    if nodes <= 1:
+        return steps, 0.0
+    ring = (steps * (gpn - 1) / ranks, steps * nodes / ranks)
+    if kind == "allreduce" and nodes > 2:
+        tree = (2.0 * (gpn - 1), 2.0 * math.ceil(math.log2(nodes)))
+        if tree[0] * NCCL_HOP_INTRA_S + tree[1] * NCCL_HOP_INTER_S < ring[0] * NCCL_HOP_INTRA_S + ring[1] * NCCL_HOP_INTER_S:
+            return tree
+    return ring
+
+
+def collective_latency(kind: str, nodes: int, gpn: int) -> float:
+    """Seconds of NCCL latency (launch + steps x hop) of one collective; 0 for one rank."""
+    if nodes * gpn <= 1:
+        return 0.0
+    hi, he = collective_hops(kind, nodes, gpn)
+    return NCCL_LAUNCH_S + hi * NCCL_HOP_INTRA_S + he * NCCL_HOP_INTER_S
 
 
 def collective_design(kind: str, elements, nodes, gpus_per_node, nic_lanes: int,

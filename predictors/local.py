@@ -29,7 +29,7 @@ import numpy as np
 
 from neox_perf import opspec
 
-from . import cleaning, fit
+from . import cleaning, extrapolate, fit
 from .artifacts import ARRAYS_FILE, MANIFEST_FILE, SCHEMA, SCHEMA_VERSION
 from .facts import ClusterFacts, Link
 from .samples import COLLECTIVE_PHASE, FileRecord, TrainingSet, sha256_of
@@ -228,6 +228,7 @@ def fit_store(store_path, name: str, out_dir, *, device: Optional[int] = None,
                             result.validation_detail.get("reason", "")))
     if progress is not None:
         progress(len(todo), len(todo), "done")
+    add_efficiency_curves(operators, todo)
     if not collectives:
         notes.append("no collective samples: predictions of multi-process layouts will fail; "
                      "run the collectives calibration (see `neox-perf calibrate --help`)")
@@ -262,6 +263,7 @@ def fit_store(store_path, name: str, out_dir, *, device: Optional[int] = None,
                    "trees": pool.trees},
         "operators": operators,
         "collectives": collectives,
+        "extrapolation": extrapolate.MARKER,
     }
     out_dir = Path(out_dir)
     seconds = time.perf_counter() - started
@@ -269,6 +271,27 @@ def fit_store(store_path, name: str, out_dir, *, device: Optional[int] = None,
     write_profile(out_dir, manifest, pool.members)
     dropped = {p: dict(r) for p, r in record.dropped.items() if r}
     return LocalFit(out_dir, manifest, table, dropped, seconds)
+
+
+def add_efficiency_curves(operators: Dict[str, Dict[str, dict]], sets) -> None:
+    """Each fitted operator entry gains the efficiency curve predictions follow past its
+    sampled range (predictors/extrapolate.py), fitted on the same cleaned rows against the
+    roofline baseline the profile evaluates."""
+    from . import baseline
+    for (op, phase), ts in sets:
+        entry = operators.get(op, {}).get(phase)
+        if not entry or "baseline" not in entry or "features" not in entry:
+            continue
+        names = entry["features"]
+        feats = {n: np.asarray(ts.features[n], dtype=float) for n in names}
+        base = baseline.evaluate(baseline.roofline_design(op, phase, feats),
+                                 np.asarray(entry["baseline"]["coef"], dtype=float))
+        ok = (base > 0) & (ts.seconds > 0)
+        if ok.sum() < 3:
+            continue
+        curve = extrapolate.fit_curve({n: c[ok] for n, c in feats.items()},
+                                      np.log(ts.seconds[ok] / base[ok]), names)
+        entry["efficiency"] = curve.to_entry()
 
 
 # -- engine terms: what a real step costs beyond the operator predictions ---------------------

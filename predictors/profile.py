@@ -23,7 +23,7 @@ import numpy as np
 
 from neox_perf import opspec
 
-from . import baseline
+from . import baseline, extrapolate
 from .cluster_file import DESCRIPTION_FILE, is_description
 from .artifacts import MANIFEST_FILE, RETRAIN, SCHEMA, SCHEMA_VERSION, Arrays, Model
 from .errors import ProfileError
@@ -87,9 +87,16 @@ class ClusterProfile:
         self._ops: Dict[Tuple[str, str], Model] = {}
         self._colls: Dict[str, Model] = {}
         self._cache: Dict[tuple, Prediction] = {}
+        # efficiency curves past the sampled range: only profiles whose trainer fitted them
+        # (local calibrations); bundled profiles keep baseline x trees everywhere
+        self._curves: Dict[Tuple[str, str], object] = {}
+        use_curves = manifest.get("extrapolation") == extrapolate.MARKER
         for op, phases in manifest["operators"].items():
             for phase, entry in phases.items():
                 self._ops[(op, phase)] = Model(f"{op}/{phase}", entry, arrays)
+                if use_curves and "efficiency" in entry:
+                    self._curves[(op, phase)] = extrapolate.Curve.from_entry(entry["features"],
+                                                                             entry["efficiency"])
         for kind, entry in manifest["collectives"].items():
             self._colls[kind] = Model(kind, entry, arrays)
 
@@ -116,7 +123,8 @@ class ClusterProfile:
             return hit
         model = self._model_for(op, phase, spec)
         _check_values(op, spec.features, values)
-        if model.derived_from is not None:
+        if model.derived_from is not None or ((op, phase) in self._curves
+                                              and model.out_of_range_one(values)):
             out = self.predict_many(op, phase, features)[0]
         else:
             c = model.coef_list
@@ -173,8 +181,17 @@ class ClusterProfile:
                 extrapolated[:] = True
             return BatchPrediction(seconds, extrapolated, tuple(reasons))
         base = baseline.evaluate(baseline.roofline_design(op, phase, feats), model.coef)
-        seconds = base * np.exp(model.residual(cols))
+        log_ratio = model.residual(cols)
         reasons = model.out_of_range(cols)
+        curve = self._curves.get((op, phase))
+        outside = np.array([bool(r) for r in reasons])
+        if curve is not None and outside.any():
+            sub = [c[outside] for c in cols]
+            log_ratio = log_ratio.copy()
+            log_ratio[outside] = extrapolate.extrapolated_log_ratio(
+                curve, spec.features, sub, log_ratio[outside], model.lo, model.hi)
+            reasons = [f"{r}; efficiency curve past the samples" if r else r for r in reasons]
+        seconds = base * np.exp(log_ratio)
         return BatchPrediction(seconds, np.array([bool(r) for r in reasons]), tuple(reasons))
 
     # ---- collectives -----------------------------------------------------------------
@@ -212,25 +229,48 @@ class ClusterProfile:
         if kind == "p2p":
             # one sender, one receiver: only whether the pair crosses nodes matters
             nodes, gpus_per_node = (2, 1) if nodes > 1 else (1, 2)
-        design = baseline.collective_design(kind, elements, nodes, gpus_per_node, self.facts.inter_node_link.lanes)
-        seconds = float(baseline.evaluate(design, model.coef)[0])
         topo = (nodes, gpus_per_node)
-        if topo not in model.topologies:
-            sampled = ", ".join(f"{a}x{b}" for a, b in sorted(model.topologies))
-            out = Prediction(seconds, True, f"{kind}: topology {nodes} nodes x {gpus_per_node} GPUs/node "
-                                            f"never sampled (sampled: {sampled}); alpha-beta baseline only")
+        sampled = topo in model.topologies
+        lo = model.topologies[topo][0] if sampled else model.lo[model.features.index("elements")]
+        if elements < lo * (1 - 1e-9):
+            seconds = self._below_samples(kind, model, elements, lo, nodes, gpus_per_node, sampled)
         else:
-            seconds *= math.exp(model.residual_one((elements, float(nodes), float(gpus_per_node))))
-            lo, hi = model.topologies[topo]
+            seconds = self._collective_seconds(kind, model, elements, nodes, gpus_per_node, sampled)
+        if not sampled:
+            listed = ", ".join(f"{a}x{b}" for a, b in sorted(model.topologies))
+            out = Prediction(seconds, True, f"{kind}: topology {nodes} nodes x {gpus_per_node} GPUs/node "
+                                            f"never sampled (sampled: {listed}); alpha-beta baseline only")
+        else:
+            hi = model.topologies[topo][1]
             reason = ""
             if not lo * (1 - 1e-9) <= elements <= hi * (1 + 1e-9):
                 side = "below the sampled minimum" if elements < lo else "above the sampled maximum"
                 reason = (f"{kind}: elements={elements:g} {side} {lo if elements < lo else hi:g} "
-                          f"for {nodes} nodes x {gpus_per_node} GPUs/node")
+                          f"for {nodes} nodes x {gpus_per_node} GPUs/node"
+                          + ("; NCCL latency model below it" if elements < lo else ""))
             out = Prediction(seconds, bool(reason), reason)
         if len(self._cache) < 100_000:
             self._cache[key] = out
         return out
+
+    def _collective_seconds(self, kind, model, elements, nodes, gpn, sampled) -> float:
+        design = baseline.collective_design(kind, elements, nodes, gpn, self.facts.inter_node_link.lanes)
+        seconds = float(baseline.evaluate(design, model.coef)[0])
+        if sampled:
+            seconds *= math.exp(model.residual_one((elements, float(nodes), float(gpn))))
+        return seconds
+
+    def _below_samples(self, kind, model, elements, lo, nodes, gpn, sampled) -> float:
+        """Below the smallest sample the fitted alpha is not identified (the samples sit far
+        above the latency-bound range), so NCCL's documented latency replaces it: latency +
+        wire bytes at the bandwidth the prediction implies at the smallest sample, which meets
+        the sampled prediction there and never drops under the latency floor."""
+        floor = baseline.collective_latency(kind, nodes, gpn)
+        at_lo = self._collective_seconds(kind, model, lo, nodes, gpn, sampled)
+        if at_lo > floor:
+            return floor + (at_lo - floor) * elements / lo  # wire bytes are linear in elements
+        design = baseline.collective_design(kind, elements, nodes, gpn, self.facts.inter_node_link.lanes)
+        return floor + float(baseline.evaluate(design[:, 2:], np.asarray(model.coef)[2:])[0])
 
     def info(self) -> ProfileInfo:
         return _info(self.path, self.manifest)

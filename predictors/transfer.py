@@ -18,10 +18,14 @@ loses on single kernels and on the median, so it is not the default. Nothing is 
 target GPU's samples. Operators whose kernels differ between the two software stacks
 (embedding backward, layernorm backward, the optimizer) transfer badly whatever the method.
 
-Collectives: the base's prediction for the same group, scaled by a link model evaluated for
-the described links over the model evaluated for the base's links (so a description equal to
-its base predicts exactly what the base does). The link model: alpha + hops x hop latency +
-wire bytes / bandwidth, ring or (all-reduce over > 2 nodes) NCCL's tree, whichever is faster;
+Collectives: NCCL's latency for the described ranks (baseline.collective_latency: per-launch
+plus per-step hop latency from NCCL's own cost model, nothing fitted) plus the base's
+prediction for the same group less the latency on the base's ranks, that remainder scaled by
+the time the described links need to move the wire bytes over the time the base's links need
+(so a description equal to its base predicts exactly what the base does). The base's fitted
+alpha is not carried over as a fixed cost: its samples (all-reduce >= 42 MB) cannot identify
+it, and it put ~85 us on every small all-reduce. Transfer time: wire bytes / bandwidth, ring
+or (all-reduce over > 2 nodes) NCCL's tree, whichever is faster;
 inside a node an NVSwitch gives any subset of GPUs the full per-GPU bandwidth, point-to-point
 NVLink only the links among the group; between nodes a group's members on one node use as
 many NICs as they are, and every group crossing the node at the same moment (all ranks are
@@ -40,7 +44,7 @@ import numpy as np
 
 from neox_perf import opspec
 
-from . import gpus
+from . import baseline, gpus
 from .cluster_file import ClusterDescription
 from .errors import ProfileError
 from .facts import ClusterFacts, Link
@@ -54,11 +58,6 @@ TRANSFER_METHOD = "additive"
 # has no samples of that link class, or the description names another network.
 REFERENCE_NVLINK_EFFICIENCY = {"allreduce": 0.73, "allgather": 0.47, "p2p": 0.91}
 REFERENCE_NIC_EFFICIENCY = {"allreduce": 0.96, "allgather": 0.97, "p2p": 0.67}
-# Per-hop latencies of a ring / tree step: NVLink about a microsecond, a network hop a few.
-HOP_INTRA_S = 1e-6
-HOP_INTER_S = 5e-6
-
-
 @dataclass(frozen=True)
 class Links:
     gpus_per_node: int
@@ -72,41 +71,38 @@ class Links:
     alpha_inter: Dict[str, float]
 
 
-def _hops(kind: str, nodes: int, gpn: int) -> Tuple[float, float]:
-    """(intra-node, inter-node) hops of the fastest NCCL algorithm's critical path."""
-    ranks = nodes * gpn
-    if kind == "p2p":
-        return (0.0, 1.0) if nodes > 1 else (1.0, 0.0)
-    steps = 2.0 * (ranks - 1) if kind == "allreduce" else float(ranks - 1)
-    if nodes <= 1:
-        return steps, 0.0
-    ring = (steps * (gpn - 1) / ranks, steps * nodes / ranks)
-    if kind == "allreduce" and nodes > 2:
-        tree = (2.0 * (gpn - 1), 2.0 * math.ceil(math.log2(nodes)))
-        if tree[0] * HOP_INTRA_S + tree[1] * HOP_INTER_S < ring[0] * HOP_INTRA_S + ring[1] * HOP_INTER_S:
-            return tree
-    return ring
+_hops = baseline.collective_hops
 
 
-def link_seconds(links: Links, kind: str, elements: float, nodes: int, gpn: int,
-                 concurrent: int = 1) -> float:
-    """Seconds of one collective of nodes x gpn ranks on `links`; `concurrent` groups of this
-    kind cross each node at the same moment."""
+def link_latency(kind: str, nodes: int, gpn: int) -> float:
+    """NCCL's latency of the collective (baseline.LATENCY_SOURCE): the same per-launch and
+    per-hop figures on any NVLink or NVSwitch node and any InfiniBand-class network, so a link
+    description changes it only through the ranks and where they sit."""
+    return baseline.collective_latency(kind, nodes, gpn)
+
+
+def link_transfer(links: Links, kind: str, elements: float, nodes: int, gpn: int,
+                  concurrent: int = 1) -> float:
+    """Seconds one collective of nodes x gpn ranks spends moving its wire bytes over `links`
+    at NCCL's efficiency; `concurrent` groups of this kind cross each node at the same moment."""
     wire = float(opspec.collective_wire_bytes(kind, elements, nodes * gpn))
-    hi, he = _hops(kind, nodes, gpn)
-    latency = hi * HOP_INTRA_S + he * HOP_INTER_S
     if nodes <= 1:
         if links.topology == "nvswitch" or links.gpus_per_node <= 1:
             share = 1.0
         else:  # fully connected: the group drives only the links among its members
             peers = 1 if kind == "p2p" else gpn - 1
             share = peers / (links.gpus_per_node - 1)
-        bw = links.intra_GBps * 1e9 * share * links.eff_intra[kind]
-        return links.alpha_intra[kind] + latency + wire / bw
+        return wire / (links.intra_GBps * 1e9 * share * links.eff_intra[kind])
     per_nic = links.inter_GBps * 1e9 / links.nics
     used = min(1 if kind == "p2p" else gpn, links.nics)
     nics = min(float(used), links.nics / max(concurrent, 1))
-    return links.alpha_inter[kind] + latency + wire / (per_nic * nics * links.eff_inter[kind])
+    return wire / (per_nic * nics * links.eff_inter[kind])
+
+
+def link_seconds(links: Links, kind: str, elements: float, nodes: int, gpn: int,
+                 concurrent: int = 1) -> float:
+    """Seconds of one collective on `links` by the link model alone: latency + transfer."""
+    return link_latency(kind, nodes, gpn) + link_transfer(links, kind, elements, nodes, gpn, concurrent)
 
 
 def _sampled(entry: Optional[dict]) -> Tuple[bool, bool]:
@@ -247,7 +243,9 @@ class TransferredProfile:
                           "bandwidth_time_ratio": b.hbm_gbps / t.hbm_gbps,
                           "base_ridge_flops_per_byte": b.ridge_flops_per_byte,
                           "target_ridge_flops_per_byte": t.ridge_flops_per_byte},
-            "collectives": {"model": "base prediction x link model(described) / link model(base)",
+            "collectives": {"model": "NCCL latency(described ranks) + (base prediction - NCCL latency(base ranks)) "
+                                     "x transfer time(described links) / transfer time(base links)",
+                            "latency": baseline.LATENCY_SOURCE,
                             "efficiency": {"intra": self.links.eff_intra, "inter": self.links.eff_inter},
                             "efficiency_source": link_sources},
             "summary": summary,
@@ -316,12 +314,20 @@ class TransferredProfile:
         if kind == "p2p":  # one sender, one receiver: only whether the pair crosses nodes matters
             nodes, gpn = (2, 1) if nodes > 1 else (1, 2)
         concurrent = max(self.facts.gpus_per_node // gpn, 1)
-        target = link_seconds(self.links, kind, elements, nodes, gpn, concurrent)
+        target = link_transfer(self.links, kind, elements, nodes, gpn, concurrent)
+        latency = link_latency(kind, nodes, gpn)
         intra, inter = _sampled(self.base.manifest["collectives"].get(kind))
         base_gpn = min(gpn, self._base_links.gpus_per_node)
         if (intra if nodes <= 1 else inter) and (nodes > 1 or base_gpn > 1 or kind == "p2p"):
             ref = self.base.predict_collective(kind, elements, nodes, base_gpn)
-            seconds = ref.seconds * target / link_seconds(self._base_links, kind, elements, nodes, base_gpn)
+            # the base's time less NCCL's latency on its ranks is what its links spent moving
+            # bytes: that part scales with the links, the latency is the target's own
+            ref_transfer = link_transfer(self._base_links, kind, elements, nodes, base_gpn)
+            ref_latency = link_latency(kind, nodes, base_gpn)
+            if target == ref_transfer and latency == ref_latency:
+                seconds = ref.seconds
+            else:
+                seconds = latency + max(ref.seconds - ref_latency, 0.0) * target / ref_transfer
             reasons = [ref.reason] if ref.reason else []
             if base_gpn != gpn:
                 reasons.append(f"{kind}: {gpn} GPUs/node never sampled on {self.base.name}; scaled from "
@@ -329,7 +335,7 @@ class TransferredProfile:
             out = Prediction(seconds, bool(reasons), "; ".join(reasons))
         else:
             where = "intra-node" if nodes <= 1 else "inter-node"
-            out = Prediction(target, True, f"{kind}: no {where} samples on {self.base.name}; link model "
+            out = Prediction(latency + target, True, f"{kind}: no {where} samples on {self.base.name}; link model "
                                            f"with reference efficiency only")
         if len(self._cache) < 100_000:
             self._cache[key] = out

@@ -104,6 +104,12 @@ def run_calibrate(args, progress: Optional[Progress] = None,
     name, out, store = _paths(args)
     source, plan = _plan(args)
     nproc = int(getattr(args, "nproc", None) or default_processes())
+    targets = config_targets(args.for_configs, getattr(args, "gpus", None) or nproc) \
+        if getattr(args, "for_configs", None) else None
+    if targets is not None:
+        from ..calibration.plan import with_targets
+        before = len(plan.points)
+        plan = with_targets(plan, targets[0], {})  # collectives: run_target_collectives
     device = pick_device(None)
     result = CalibrateResult(cluster=name, profile_path=str(out), store=str(store), plan=plan.name,
                              device=device)
@@ -114,6 +120,10 @@ def run_calibrate(args, progress: Optional[Progress] = None,
             notes.append("CPU: large tensors recycled from the heap (glibc mmap threshold 1 GiB, "
                          "no trimming), as a GPU's caching allocator recycles device memory")
         notes.append(f"CPU stand-in: each of the {nproc} processes plays one GPU with one thread")
+    if targets is not None:
+        notes.append(f"--for {' '.join(map(str, args.for_configs))}: {len(targets[0])} operator shapes "
+                     f"(the configs' calls and x0.5/x2 on each one's leading size), "
+                     f"{len(plan.points) - before} not in the {source} plan")
 
     started = time.monotonic()
     step = _stepper(progress, "operators")
@@ -128,6 +138,8 @@ def run_calibrate(args, progress: Optional[Progress] = None,
     started = time.monotonic()
     step = _stepper(progress, "collectives")
     result.collectives = launch_plan_collectives(store, plan, source, nproc, device, step)
+    if targets is not None and nproc >= 2:
+        result.collectives["for_configs"] = run_target_collectives(store, targets[1], nproc, device)
     if nproc >= 2 and getattr(args, "engine", True):
         if step is not None:
             step(0, 1, "gradient-bucket sizes, tensor-parallel all-reduce in training")
@@ -222,6 +234,59 @@ def run_bucket_collectives(store: Path, nproc: int, device: str) -> Dict[str, ob
     launch(cmd, rank_env(device), store.with_suffix(".buckets.log"))
     return {"jobs": len(jobs), "already_stored": before,
             "measured": _stored_collectives(store, jobs) - before}
+
+
+def run_target_collectives(store: Path, sizes: Dict[str, tuple], nproc: int, device: str
+                           ) -> Dict[str, object]:
+    """The collective sizes `--for` configs send, one launch per kind still missing some
+    (the plan's launch is driven by the plan file, which does not hold them)."""
+    from ..calibration.collectives import plan_jobs, torchrun_command
+    info: Dict[str, object] = {"jobs": 0, "already_stored": 0, "measured": 0}
+    for kind, elements in sorted(sizes.items()):
+        jobs = plan_jobs({kind: elements}, 1, nproc)
+        before = _stored_collectives(store, jobs)
+        info["jobs"] += len(jobs)
+        info["already_stored"] += before
+        if before == len(jobs):
+            continue
+        cmd = torchrun_command(nproc, store, sizes=elements, master_port=0) + ["--ops", kind, "--quiet"]
+        launch(cmd, rank_env(device), store.with_suffix(f".for-{kind}.log"), what=f"{kind} launch")
+        info["measured"] += _stored_collectives(store, jobs) - before
+    return info
+
+
+def config_targets(configs, gpus: int):
+    """(plan points, {collective kind: elements}) of what ``configs`` run on ``gpus`` GPUs:
+    the decomposition check and validate predict from, so the samples are the job's shapes."""
+    import os
+
+    from ..calibration.plan import decomposition_targets
+    from ..config import WorldRequest, build, load_files, raw_vocab
+    from ..derive import derive
+    from ..operators import decompose
+    from ..predict import stage_shapes
+
+    points: list = []
+    sizes: Dict[str, set] = {}
+    for config in configs:
+        raw = load_files([config])
+        cfg, verdicts, _ = build(raw, WorldRequest(gpus=int(gpus)))
+        errors = [v for v in verdicts if v.level == "error"]
+        if errors:
+            raise UsageError(f"--for {config}: {errors[0].line()}")
+        source = cfg.sources.get("vocab_file")
+        vocab = raw_vocab(cfg.model.tokenizer_type, cfg.model.vocab_file, None,
+                          [os.path.dirname(source)] if source else []).size
+        try:
+            derived = derive(cfg, vocab, None)
+        except ValueError as exc:
+            raise UsageError(f"--for {config}: {exc}") from None
+        decomp = decompose(cfg, derived.padded_vocab, stage_shapes(derived))
+        more, colls = decomposition_targets(decomp)
+        points += more
+        for kind, elements in colls.items():
+            sizes.setdefault(kind, set()).update(elements)
+    return list(dict.fromkeys(points)), {k: tuple(sorted(v)) for k, v in sizes.items()}
 
 
 # All-reduce and all-gather at gradient-bucket sizes (see run_bucket_collectives).

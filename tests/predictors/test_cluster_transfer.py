@@ -187,3 +187,24 @@ def test_a_single_gpu_base_flags_intra_node_collectives(tmp_path):
     with pytest.raises(ValueError, match="8 GPUs per node"):
         p.predict_collective("allreduce", 1e8, 1, 9)
     assert p.predict_collective("allreduce", 1e8, 1, 1).seconds == 0.0
+
+
+def test_links_scale_the_transfer_time_and_leave_nccl_latency_alone(tmp_path):
+    fast = _desc(tmp_path, DGX.format(topo="nvswitch", nics=8), "f.yml")
+    slow = _desc(tmp_path, DGX.format(topo="nvswitch", nics=8).replace("intra_node_GBps: 300",
+                                                                        "intra_node_GBps: 150"), "s.yml")
+    for gpn in (2, 4, 8):
+        latency = transfer.link_latency("allreduce", 1, gpn)
+        tiny = (fast.predict_collective("allreduce", 1.0, 1, gpn).seconds,
+                slow.predict_collective("allreduce", 1.0, 1, gpn).seconds)
+        assert tiny[0] == pytest.approx(latency, rel=1e-3) and tiny[1] == pytest.approx(latency, rel=1e-3)
+        big = (fast.predict_collective("allreduce", 5e8, 1, gpn).seconds,
+               slow.predict_collective("allreduce", 5e8, 1, gpn).seconds)
+        assert big[1] / big[0] == pytest.approx(2.0, rel=0.01)
+        # 1 MB: latency plus a transfer that halves its rate, so between 1x and 2x
+        mb = [p.predict_collective("allreduce", 2 ** 19, 1, gpn).seconds for p in (fast, slow)]
+        assert mb[1] - mb[0] == pytest.approx(mb[0] - latency, rel=1e-6)
+    # the latency grows with the ring's steps, not with the base's fitted alpha
+    base_alpha = transfer.base_links(load_profile("perlmutter-a100-80gb")).alpha_intra["allreduce"]
+    assert transfer.link_latency("allreduce", 1, 8) < base_alpha
+    assert transfer.link_latency("allreduce", 1, 2) < transfer.link_latency("allreduce", 1, 8)
