@@ -33,13 +33,25 @@ def _load() -> str:
         return "n/a"
 
 
+def _vocab(config: Path, given):
+    """The layouts written for this check without a tokenizer train at VOCAB; the NeoX-shaped
+    ones name theirs (GPT-2, Pythia, LLaMA, tiktoken) and train at its real size."""
+    if given is not None:
+        return given
+    from neox_perf.config import load_files
+    values = load_files([str(config)]).values
+    return None if ("tokenizer_type" in values or "vocab_file" in values) else VOCAB
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("configs", nargs="*", help="default: every benchmarks/validation/*.yml")
     ap.add_argument("--cluster", default="local")
     ap.add_argument("--gpus", type=int, default=2)
     ap.add_argument("--iters", type=int, default=8, help="measured iterations per config (after 2 warm-up)")
-    ap.add_argument("--vocab-size", type=int, default=VOCAB)
+    ap.add_argument("--vocab-size", type=int, default=None,
+                    help=f"raw vocabulary (default: the config's tokenizer when it names one, "
+                         f"else {VOCAB})")
     ap.add_argument("--repeat", type=int, default=1,
                     help="launch each config this many times, rounds interleaved, and keep the "
                          "fastest launch (other jobs on the box slow whole launches, not single iterations)")
@@ -63,7 +75,7 @@ def main(argv=None) -> int:
                     def step(done, total, label, i=i, r=round_):
                         progress(f"{r + 1}.{i + 1}/{len(configs)}", done, total, label)
                 runs[i].append(validate_one([str(cfg)], args.gpus, profile, args.iters,
-                                            args.vocab_size, step))
+                                            _vocab(cfg, args.vocab_size), step))
     for i in range(len(configs)):
         best = min(runs[i], key=lambda r: r.measured_seconds)
         if args.repeat > 1:

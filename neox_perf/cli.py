@@ -126,6 +126,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             from .commands.check import run_check
             result = run_check(args)
         elif args.command == "calibrate" and args.from_run:
+            if getattr(args, "for_configs", None):
+                raise UsageError("--for measures new shapes; --from-run refits from a run's "
+                                 "samples: run them as two commands")
             from .commands.from_run import run_from_run
             result = run_from_run(args)
         elif args.command in ("calibrate", "validate"):
