@@ -205,17 +205,7 @@ class ClusterProfile:
         each rank's input chunk (allgather), the tensor sent (p2p). For p2p, nodes=1 means both
         ends in one node, nodes>1 that it crosses nodes. One rank in total takes 0 s.
         """
-        if kind not in opspec.COLLECTIVES:
-            raise ValueError(f"unknown collective {kind!r}; known: {', '.join(opspec.COLLECTIVES)}")
-        for name, v in (("nodes", nodes), ("gpus_per_node", gpus_per_node)):
-            if int(v) != v or v < 1:
-                raise ValueError(f"{name} must be a whole number >= 1, got {v!r}")
-        nodes, gpus_per_node = int(nodes), int(gpus_per_node)
-        if gpus_per_node > self.facts.gpus_per_node:
-            raise ValueError(f"{self.name} has {self.facts.gpus_per_node} GPUs per node, not {gpus_per_node}")
-        elements = float(elements)
-        if not math.isfinite(elements) or elements < 0:
-            raise ValueError(f"elements must be finite and >= 0, got {elements!r}")
+        elements, nodes, gpus_per_node = collective_args(self, kind, elements, nodes, gpus_per_node)
         if nodes * gpus_per_node == 1 or elements == 0:
             return Prediction(0.0, False, "")
         key = (kind, elements, nodes, gpus_per_node)
@@ -277,6 +267,23 @@ class ClusterProfile:
 
     def __repr__(self) -> str:
         return f"ClusterProfile({self.name!r}, gpu={self.facts.gpu_name!r}, path={str(self.path)!r})"
+
+
+def collective_args(profile, kind: str, elements, nodes, gpus_per_node) -> Tuple[float, int, int]:
+    """(elements, nodes, gpus_per_node) of a collective query, checked against the profile's
+    cluster; every profile kind (sampled or described) refuses the same bad queries."""
+    if kind not in opspec.COLLECTIVES:
+        raise ValueError(f"unknown collective {kind!r}; known: {', '.join(opspec.COLLECTIVES)}")
+    for name, v in (("nodes", nodes), ("gpus_per_node", gpus_per_node)):
+        if int(v) != v or v < 1:
+            raise ValueError(f"{name} must be a whole number >= 1, got {v!r}")
+    nodes, gpus_per_node = int(nodes), int(gpus_per_node)
+    if gpus_per_node > profile.facts.gpus_per_node:
+        raise ValueError(f"{profile.name} has {profile.facts.gpus_per_node} GPUs per node, not {gpus_per_node}")
+    elements = float(elements)
+    if not math.isfinite(elements) or elements < 0:
+        raise ValueError(f"elements must be finite and >= 0, got {elements!r}")
+    return elements, nodes, gpus_per_node
 
 
 def _check_values(op: str, names, values) -> None:

@@ -293,18 +293,8 @@ class TransferredProfile:
 
     # ---- collectives ---------------------------------------------------------------------
     def predict_collective(self, kind: str, elements: float, nodes: int, gpus_per_node: int):
-        from .profile import Prediction
-        if kind not in opspec.COLLECTIVES:
-            raise ValueError(f"unknown collective {kind!r}; known: {', '.join(opspec.COLLECTIVES)}")
-        for label, v in (("nodes", nodes), ("gpus_per_node", gpus_per_node)):
-            if int(v) != v or v < 1:
-                raise ValueError(f"{label} must be a whole number >= 1, got {v!r}")
-        nodes, gpn = int(nodes), int(gpus_per_node)
-        if gpn > self.facts.gpus_per_node:
-            raise ValueError(f"{self.name} has {self.facts.gpus_per_node} GPUs per node, not {gpn}")
-        elements = float(elements)
-        if not math.isfinite(elements) or elements < 0:
-            raise ValueError(f"elements must be finite and >= 0, got {elements!r}")
+        from .profile import Prediction, collective_args
+        elements, nodes, gpn = collective_args(self, kind, elements, nodes, gpus_per_node)
         if nodes * gpn == 1 or elements == 0:
             return Prediction(0.0, False, "")
         key = ("comm", kind, elements, nodes, gpn)
