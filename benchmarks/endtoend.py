@@ -115,8 +115,7 @@ def main(argv=None) -> int:
     _line("operator sum (no step terms)", measured, plain, cases)
     _table("operator sum, by layout", cases, plain)
 
-    start = StepTerms(dispatch_s=3e-5)  # off zero, so the dispatch floor's slope is seen
-    terms = step_fit.fit(cases, profile, rounds=args.rounds, start=start)
+    terms = step_fit.fit(cases, profile, rounds=args.rounds)
     fitted = step_fit.predict_all(cases, profile, terms)
     print("\nstep terms fitted on all runs:")
     for n in FITTED:
@@ -135,9 +134,10 @@ def main(argv=None) -> int:
         print(f"  {n:>17} {lo:.6g} .. {hi:.6g}")
 
     by = {}
-    for name, key in (("pipeline depth", lambda c: c.key[2]), ("tensor-parallel width", lambda c: c.key[0])):
-        values = sorted({key(c) for c in cases})
-        folds = [[k for k in {c.key for c in cases} if key_of(k, name) == v] for v in values]
+    layouts = {c.key for c in cases}
+    for name, i in (("pipeline depth", 2), ("tensor-parallel width", 0)):
+        key = lambda c, i=i: c.key[i]
+        folds = [[k for k in layouts if k[i] == v] for v in sorted({k[i] for k in layouts})]
         res = step_fit.cross_validate(cases, profile, terms, groups=folds, linearisation=lin)
         print()
         by[name] = _line(f"cross-validated by {name} (fit on the others)", measured, res.predicted, cases)
@@ -166,10 +166,6 @@ def main(argv=None) -> int:
             "command": "python benchmarks/endtoend.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         })
     return 0
-
-
-def key_of(layout, name):
-    return layout[2] if name == "pipeline depth" else layout[0]
 
 
 if __name__ == "__main__":

@@ -65,7 +65,7 @@ def operator_table(samples: Path):
             if phase == COLLECTIVE_PHASE or (op, phase) in kept.derived:
                 continue
             try:
-                base.predict_many(op, phase, ts.features)
+                base_seconds = base.predict_many(op, phase, ts.features).seconds
             except Exception:  # the base has no model for it (derived there): not comparable
                 continue
             if (base.manifest["operators"].get(op) or {}).get(phase, {}).get("derived_from"):
@@ -74,7 +74,7 @@ def operator_table(samples: Path):
             b = np.asarray(opspec.op_bytes(op, phase, ts.features), dtype=float)
             row = {"direction": f"{base_name} -> {gpu}", "op": op, "phase": phase, "rows": len(ts),
                    "intensity": float(np.median(f / b)),
-                   "measured_over_base": float(np.median(ts.seconds / base.predict_many(op, phase, ts.features).seconds))}
+                   "measured_over_base": float(np.median(ts.seconds / base_seconds))}
             for m, prof in profiles.items():
                 pred = prof.predict_many(op, phase, ts.features).seconds
                 err = np.abs(pred / ts.seconds - 1.0)

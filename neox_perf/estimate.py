@@ -72,8 +72,8 @@ class _Cache:
         self.extrapolated: set = set()  # memo keys whose prediction left the sampled range
 
     def time(self, call) -> float:
+        key = self.key(call)
         if isinstance(call, OpCall):
-            key = ("op", call.op, call.phase, call.features)
             if key not in self.memo:
                 pred = self.profile.predict(call.op, call.phase, call.feature_dict())
                 self._note(f"{call.op} {call.phase}", pred)
@@ -86,7 +86,6 @@ class _Cache:
                         else self.engine.dp_collective(call))
             if measured is not None:
                 return measured
-        key = ("comm", call.kind, call.purpose, call.elements, call.nodes, call.gpus_per_node)
         if key not in self.memo:
             pred = self.profile.predict_collective(call.kind, call.elements, call.nodes,
                                                    call.gpus_per_node)

@@ -79,8 +79,12 @@ def solve(F: np.ndarray, c0: np.ndarray, measured: np.ndarray,
     return np.clip(lsq_linear(A, b, bounds=(lo, hi), method="bvls").x, lo, hi)
 
 
-def fit(cases: Sequence[Case], profile, rounds: int = 4,
-        start: StepTerms = StepTerms()) -> StepTerms:
+# The dispatch floor max(t, dispatch_s) has no slope at dispatch_s = 0 (no operator is below
+# it), so a fit started there would never move it: start just off zero.
+START = StepTerms(dispatch_s=3e-5)
+
+
+def fit(cases: Sequence[Case], profile, rounds: int = 4, start: StepTerms = START) -> StepTerms:
     terms = start
     measured = np.array([c.measured for c in cases])
     for _ in range(rounds):
