@@ -156,7 +156,7 @@ def _level(args, prof, run_dir: str, notes: list) -> Dict[str, Any]:
             "profile": {"name": done["name"], "path": done["profile"], "from": prof.name,
                         "from_path": str(prof.path)},
             "store": None, "merged": None, "engine": None, "fit": [],
-            "factors": done["factors"], "skipped": done["skipped"],
+            "factors": done["factors"], "skipped": done["skipped"], "step_terms": done["step_terms"],
             "after": run_errors(run_dir, new)}
 
 
@@ -233,6 +233,7 @@ def _refit(args, prof, store: Path, run_dir: str, before: dict, notes: list) -> 
             "profile": {"name": prof.name, "path": str(final.resolve()), "from": prof.name,
                         "from_path": str(prof.path)},
             "store": str(store.resolve()), "merged": merged, "engine": engine, "fit": table,
+            "step_terms": None,
             "factors": None, "skipped": None, "after": after}
 
 

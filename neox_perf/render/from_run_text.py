@@ -47,6 +47,12 @@ def render(result, console) -> None:
         console.print(f"[bold]Level-corrected[/bold] {prof['from']} -> {prof['name']} at {prof['path']}")
         console.print(f"{len(d['factors'] or {})} models scaled by the run's median measured / "
                       f"predicted ratio; {len(d['skipped'] or {})} left as they were")
+        st = d.get("step_terms") or {}
+        if st:
+            drop = "" if st["start"]["dispatch_s"] else ", no dispatch floor (a CPU call's time holds it)"
+            fitted = (f"; {st['refitted']} refitted on the run: {1e3 * st['value']:.3f} ms"
+                      if st.get("refitted") else f"; nothing refitted ({st.get('why')})")
+            console.print(f"step terms: in-situ scales 1 (the run's calls are in situ){drop}{fitted}")
 
     console.print(f"[bold]Prediction error on the run[/bold] (before: {before['profile']}, "
                   f"after: {after['profile']})")

@@ -123,6 +123,17 @@ def predict(record, facts, profile) -> Dict[str, Any]:
     return out
 
 
+def decomposition(record, facts, profile):
+    """The job's decomposition as predict() builds it (engine partition, real precision), or
+    None when the recorded config cannot be rebuilt."""
+    cfg, derived, _ = rebuild(record, facts, profile.facts.gpus_per_node)
+    if cfg is None:
+        return None
+    from neox_perf.predict import predict as pipeline
+    return pipeline(cfg, derived, profile,
+                    transformer_layers=engine_layer_counts(derived, facts)).decomposition
+
+
 def predict_call(profile, op: str, phase: str, features: Dict[str, float],
                  dtype: str) -> Tuple[Optional[float], str]:
     """Seconds the profile gives one measured call, or (None, why not)."""

@@ -16,6 +16,7 @@ version, CPU vs GPU), not a shape the original samples never covered. The refit 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import shutil
 import statistics
@@ -113,6 +114,7 @@ def recalibrate_from_run(run_dir: str, profile, out_dir: str, name: Optional[str
     final = Path(out_dir)
     name = name or final.resolve().name
     manifest["name"] = name
+    steps = _level_step_terms(manifest, run_dir)
     manifest.setdefault("provenance", {})["recalibrated"] = {
         "from_profile": prof.name, "run_dir": os.path.abspath(run_dir), "time": time.time(),
         "method": "baseline coefficients x weighted median(measured / predicted) per model",
@@ -124,9 +126,65 @@ def recalibrate_from_run(run_dir: str, profile, out_dir: str, name: Optional[str
         if arrays:  # the trees, unchanged (the manifest keeps their checksum)
             shutil.copy2(os.path.join(str(models.path), arrays), tmp / arrays)
         write_manifest(tmp / MANIFEST_FILE, manifest)
+        steps.update(_refit_fixed_cost(manifest, tmp, run_dir))
+        write_manifest(tmp / MANIFEST_FILE, manifest)
         replace_dir(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return {"profile": str(final.resolve()), "name": name, "from_profile": prof.name,
-            "factors": factors, "skipped": skipped, "samples": len(samples)}
+            "factors": factors, "skipped": skipped, "samples": len(samples), "step_terms": steps}
+
+
+# What a run adds per micro-batch beyond its operators (data, loss scaling, engine calls, the
+# host between them): the one step term a single measured iteration can pin.
+REFIT = "micro_batch_s"
+
+
+def _level_step_terms(manifest: Dict[str, Any], run_dir: str) -> Dict[str, Any]:
+    """The step terms a level-corrected profile starts from. The factors came from the run's own
+    calls, measured inside real steps, so the in-situ slowdown the development-set scales stand
+    for is in the operators now: both scales become 1. On a CPU a call's host time already
+    holds its dispatch, so the dispatch floor goes too. The rest stay as the profile had them
+    until _refit_fixed_cost pins the per-micro-batch cost on the run."""
+    from neox_perf.step_terms import StepTerms
+    from .report import measured_job
+    section = manifest.setdefault("step_terms", {})
+    base = StepTerms.from_dict(section["terms"]) if section.get("terms") else StepTerms()
+    ref, _ = measured_job(run_dir)
+    cpu = (ref.get("facts") or {}).get("device_type") == "cpu"
+    start = dataclasses.replace(base, compute_scale=1.0, memory_scale=1.0,
+                                dispatch_s=0.0 if cpu else base.dispatch_s)
+    section["terms"] = start.to_dict()
+    # what was fitted on the development set no longer describes these terms
+    for key in ("cross_validation", "command"):
+        section.pop(key, None)
+    return {"from": base.to_dict(), "start": start.to_dict()}
+
+
+def _refit_fixed_cost(manifest: Dict[str, Any], profile_dir: Path, run_dir: str) -> Dict[str, Any]:
+    """Refit REFIT on the run's median iteration with the corrected operators (written to
+    profile_dir already); the manifest's terms are updated in place."""
+    from neox_perf.predictors.profile import load_profile
+    from neox_perf.predictors.step_fit import Case, refit
+    from neox_perf.step_terms import StepTerms
+    from .report import measured_job
+    ref, iters = measured_job(run_dir)
+    if not iters.get("median"):
+        return {"refitted": None, "why": "no measured iteration outside warm-up and profiling"}
+    profile = load_profile(str(profile_dir))
+    try:
+        decomp = prediction.decomposition(ref.get("config") or {}, ref.get("facts") or {}, profile)
+    except Exception as exc:  # a layout the profile cannot place: keep the level's terms
+        decomp, why = None, f"{exc.__class__.__name__}: {exc}"
+    else:
+        why = "the recorded config could not be rebuilt"
+    if decomp is None:
+        return {"refitted": None, "why": why}
+    section = manifest["step_terms"]
+    start = StepTerms.from_dict(section["terms"])
+    terms = refit([Case("run", decomp, float(iters["median"]))], profile, start, (REFIT,))
+    section["terms"] = terms.to_dict()
+    section["fitted_on"] = (f"level-corrected from {manifest['provenance']['recalibrated']['from_profile']}; "
+                            f"{REFIT} refitted on the median iteration of {os.path.abspath(run_dir)}")
+    return {"refitted": REFIT, "value": getattr(terms, REFIT), "measured_median": iters["median"]}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import statistics
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import files as runfiles
 from . import prediction
@@ -231,6 +231,16 @@ def _launch_record(run_dir: str) -> Dict[str, Any]:
         return data if isinstance(data, dict) else {}
     except (OSError, ValueError):
         return {}  # launched with the environment switch, not `neox-perf run`
+
+
+def measured_job(run_dir: str) -> Tuple[dict, Dict[str, Any]]:
+    """(the reference rank's summary, the job's measured iterations) of the latest job in a
+    run dir, as the report reads them; raises ReportError when no rank wrote a summary."""
+    summaries = runfiles.read_rank_summaries(os.path.abspath(run_dir))
+    if not summaries:
+        raise ReportError(f"{run_dir}: no rank summaries (fix: run the job with `neox-perf run`)")
+    ranks = _pick_job(summaries, [])
+    return ranks[0], _iterations(os.path.abspath(run_dir), ranks, [])
 
 
 def build(run_dir: str, cluster: Optional[str] = None, profile=None, top: int = 10) -> Dict[str, Any]:

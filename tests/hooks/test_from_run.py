@@ -24,7 +24,7 @@ from test_runs import _hooked_pp2  # noqa: E402
 
 KEYS = {"schema", "neox_perf_version", "command", "exit_code", "cluster", "run_dir", "method",
         "profile", "store", "merged", "engine", "fit", "factors", "skipped", "use", "before",
-        "after", "improved", "notes"}
+        "after", "improved", "notes", "step_terms"}
 ERROR_KEYS = {"profile", "iteration", "operators", "notes"}
 
 # Every operator of the reference workload's decomposition at shapes around the run's
@@ -117,6 +117,13 @@ def test_a_bundled_profile_gets_a_corrected_copy_under_a_new_name(hooked, tmp_pa
     # an A100 profile on a CPU run: operators far off before, near after
     _errors_lower(data)
     assert data["after"]["operators"]["median_abs_error"] < 0.25 < data["before"]["operators"]["median_abs_error"]
+    # the in-situ scales are in the level now; on a CPU the dispatch floor is in each call
+    steps = data["step_terms"]
+    assert steps["start"]["compute_scale"] == steps["start"]["memory_scale"] == 1.0
+    assert steps["start"]["dispatch_s"] == 0.0 < steps["from"]["dispatch_s"]
+    written = json.loads((home / "profiles" / name / "manifest.json").read_text())["step_terms"]
+    assert written["terms"][steps["refitted"]] == pytest.approx(steps["value"])
+    assert "cross_validation" not in written and "level-corrected" in written["fitted_on"]
 
     text = _calibrate(["--cluster", cluster, "--from-run", str(hooked["run_dir"])], home, tmp_path)
     assert text.returncode == 0, text.stderr[-3000:]

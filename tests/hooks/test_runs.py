@@ -243,6 +243,9 @@ def test_recalibrated_profile_predicts_the_run_it_came_from(hooked, tmp_path):
                                                  s.features, s.dtype)[0] for s in lin]
     after = [s.median / prediction.predict_call(new, s.op, s.phase, s.features, s.dtype)[0]
              for s in lin]
-    # one sample per rank: the factor is their weighted median, so one lands exactly
+    # one sample per rank: the factor is their weighted median, so one lands exactly, and the
+    # others keep their ratio to it (a level, not a reshaping: how far the ranks of a shared
+    # 2-core machine differ is theirs, not the correction's)
     assert min(abs(r - 1) for r in after) < 1e-9
-    assert max(abs(r - 1) for r in after) < 0.5 < min(abs(r - 1) for r in before)  # A100 vs CPU
+    assert max(after) / min(after) == pytest.approx(max(before) / min(before), rel=1e-9)
+    assert min(before) > 5.0  # A100 samples on a CPU run: every call far slower than predicted
