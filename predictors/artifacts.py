@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import io
+import re
+import struct
 import zipfile
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -107,7 +109,13 @@ class Model:
 
 
 class Arrays:
-    """The profile's arrays file, checked against the manifest's sha256, members read on demand."""
+    """The profile's arrays file, checked against the manifest's sha256, members read on demand.
+
+    A member the zip stores uncompressed (profiles written since savez stopped deflating) is a
+    read-only view into the file's bytes, its .npy header parsed here: `check` reads some 150
+    members on every start, and numpy's reader (a zip stream and a literal_eval per member)
+    cost it tens of milliseconds. Deflated members, and anything this reader does not accept,
+    go through numpy's own loader."""
 
     def __init__(self, path: Path, expected_sha256: Optional[str]):
         self.path = path
@@ -118,9 +126,12 @@ class Arrays:
         if expected_sha256 and hashlib.sha256(data).hexdigest() != expected_sha256:
             raise ProfileError(path, "profile arrays do not match the manifest's sha256 (corrupt or replaced)",
                                RETRAIN)
+        self._data = data
         try:
             self._npz = np.load(io.BytesIO(data), allow_pickle=False)
             self._names = set(self._npz.files)
+            self._infos = {i.filename[:-4]: i for i in self._npz.zip.infolist()
+                           if i.filename.endswith(".npy")}
         except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
             raise ProfileError(path, f"corrupt profile arrays ({' '.join(str(exc).split())})", RETRAIN) from None
 
@@ -129,7 +140,43 @@ class Arrays:
 
     def get(self, prefix: str) -> List[np.ndarray]:
         try:
-            return [self._npz[f"{prefix}.{k}"] for k in ARRAY_KEYS]
+            return [self._member(f"{prefix}.{k}") for k in ARRAY_KEYS]
         except (KeyError, OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
             raise ProfileError(self.path, f"corrupt profile arrays ({' '.join(str(exc).split())})",
                                RETRAIN) from None
+
+    def _member(self, name: str) -> np.ndarray:
+        info = self._infos.get(name)
+        view = _stored_npy(self._data, info) if info is not None else None
+        return view if view is not None else self._npz[name]
+
+
+_NPY_HEADER = re.compile(r"""\{'descr': '([<>|][a-z]\d+)', 'fortran_order': False, 'shape': \(((?:\d+, ?)*\d*)\), \}""")
+
+
+def _stored_npy(data: bytes, info: zipfile.ZipInfo) -> Optional[np.ndarray]:
+    """The array of an uncompressed .npy member as a view of `data`, or None when it is not one
+    this reader takes (deflated, another header form, a non-numeric dtype)."""
+    if info.compress_type != zipfile.ZIP_STORED:
+        return None
+    at = info.header_offset
+    if data[at:at + 4] != b"PK\x03\x04":
+        return None
+    name_len, extra_len = struct.unpack_from("<HH", data, at + 26)
+    start = at + 30 + name_len + extra_len
+    if data[start:start + 6] != b"\x93NUMPY" or data[start + 6] != 1:
+        return None
+    (header_len,) = struct.unpack_from("<H", data, start + 8)
+    header = data[start + 10:start + 10 + header_len].decode("latin1").strip()
+    m = _NPY_HEADER.fullmatch(header)
+    if m is None:
+        return None
+    dtype = np.dtype(m.group(1))
+    if dtype.kind not in "iuf":
+        return None
+    shape = tuple(int(x) for x in m.group(2).replace(" ", "").split(",") if x)
+    count = int(np.prod(shape)) if shape else 1
+    offset = start + 10 + header_len
+    if offset + count * dtype.itemsize > at + 30 + name_len + extra_len + info.file_size:
+        return None
+    return np.frombuffer(data, dtype=dtype, count=count, offset=offset).reshape(shape)
