@@ -13,7 +13,7 @@ each has its own terms, measured on its own path.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from .engine_terms import EngineTerms
 from .operators import CommCall, Decomposition, OpCall, StageWork
@@ -59,6 +59,16 @@ class IterationEstimate:
     interval_seconds: Optional[Tuple[float, float]] = None
     # share of the iteration spent in operators predicted outside their sampled ranges
     extrapolated_share: float = 0.0
+    # per "op phase": the shape the profile's samples cover least well (any stage), when the
+    # profile can tell (sampled, interpolated, in range, extrapolated and how far)
+    coverage: Dict[str, Any] = field(default_factory=dict)
+
+
+_RANK = {"sampled": 0, "in range": 1, "interpolated": 1, "extrapolated": 2}
+
+
+def _worse(a, b) -> bool:
+    return (_RANK.get(a.state, 1), a.factor) > (_RANK.get(b.state, 1), b.factor)
 
 
 class _Cache:
@@ -70,6 +80,7 @@ class _Cache:
         self.memo: Dict[tuple, float] = {}
         self.flags: Dict[str, str] = {}
         self.extrapolated: set = set()  # memo keys whose prediction left the sampled range
+        self.coverage: Dict[str, Any] = {}  # "op phase" -> its least-covered shape
 
     def time(self, call) -> float:
         key = self.key(call)
@@ -77,6 +88,7 @@ class _Cache:
             if key not in self.memo:
                 pred = self.profile.predict(call.op, call.phase, call.feature_dict())
                 self._note(f"{call.op} {call.phase}", pred)
+                self._cover(call)
                 if getattr(pred, "extrapolated", False):
                     self.extrapolated.add(key)
                 self.memo[key] = self.terms.operator(call.op, float(pred.seconds))
@@ -100,6 +112,19 @@ class _Cache:
         if isinstance(call, OpCall):
             return ("op", call.op, call.phase, call.features)
         return ("comm", call.kind, call.purpose, call.elements, call.nodes, call.gpus_per_node)
+
+    def _cover(self, call) -> None:
+        cover = getattr(self.profile, "coverage", None)
+        if cover is None:
+            return
+        try:
+            got = cover(call.op, call.phase, call.feature_dict())
+        except Exception:  # noqa: BLE001 - a profile without the model has said so in predict
+            return
+        name = f"{call.op} {call.phase}"
+        have = self.coverage.get(name)
+        if have is None or _worse(got, have):
+            self.coverage[name] = got
 
     def _note(self, what: str, pred) -> None:
         if getattr(pred, "extrapolated", False) and what not in self.flags:
@@ -232,4 +257,5 @@ def estimate(decomp: Decomposition, profile, terms: Optional[StepTerms] = None) 
         eq7_seconds=eq7_seconds(costs, m),
         interval_seconds=interval.around(seconds, extrapolated / seconds) if interval and seconds > 0
         else None,
-        extrapolated_share=extrapolated / seconds if seconds > 0 else 0.0)
+        extrapolated_share=extrapolated / seconds if seconds > 0 else 0.0,
+        coverage=dict(sorted(cache.coverage.items())))

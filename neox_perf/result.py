@@ -130,6 +130,7 @@ def _prediction(result: CheckResult) -> Optional[dict]:
         "extrapolated_share": est.extrapolated_share,
         "step_terms": _step_terms(result.profile),
         "extrapolated": [{"what": f.what, "reason": f.reason} for f in est.flags],
+        "coverage": coverage_rows(est),
         "notes": list(result.decomposition.notes) if result.decomposition else [],
     }
     flops = d.flops.model_per_iteration if d else None
@@ -145,6 +146,12 @@ def _prediction(result: CheckResult) -> Optional[dict]:
             out["run_hours_interval"] = [s * iters / 3600.0 for s in est.interval_seconds]
             out["run_gpu_hours_interval"] = [s * iters * world / 3600.0 for s in est.interval_seconds]
     return out
+
+
+def coverage_rows(est) -> List[dict]:
+    """Per operator and phase, how its least-covered shape lies against the samples."""
+    return [{"what": what, "state": c.state, "factor": c.factor, "detail": c.detail}
+            for what, c in (getattr(est, "coverage", None) or {}).items()]
 
 
 def _step_terms(profile) -> Optional[dict]:

@@ -98,15 +98,27 @@ class Interval:
         return cls(lo, hi, float(data.get("widen_per_extrapolated", 0.0)))
 
 
+# A calibrated profile's own validation runs (neox_perf/profile_validation.py): once there are
+# enough, their residuals give its interval.
+VALIDATION_SECTION = "validation"
+VALIDATION_MIN_RUNS = 5  # an 80% interval needs a tail on each side: fewer cannot place one
+
+
 def of_profile(profile) -> Tuple[StepTerms, Optional[Interval]]:
-    """The step terms and interval a profile's manifest carries (identity and None without).
+    """The step terms and interval a profile's manifest carries (identity and None without);
+    a calibrated profile's interval from its own validation runs comes first.
 
     Terms measured on one GPU and applied to another (a description transferred to another
     GPU, or a profile whose end-to-end runs came from elsewhere) keep their values, but the
     interval widens by the section's `other_gpu_widen`: the operator error measured when one
     GPU's samples predict another's (benchmarks/transfer_gpu.py)."""
-    section = (getattr(profile, "manifest", None) or {}).get("step_terms") or {}
+    manifest = getattr(profile, "manifest", None) or {}
+    section = manifest.get("step_terms") or {}
     terms = StepTerms.from_dict(section["terms"]) if section.get("terms") else StepTerms()
+    own = manifest.get(VALIDATION_SECTION) or {}
+    if own.get("interval") and len(own.get("runs") or []) >= VALIDATION_MIN_RUNS:
+        # measured on this profile's own machine: nothing to widen for another GPU
+        return terms, Interval.from_dict(own["interval"])
     interval = Interval.from_dict(section["interval"]) if section.get("interval") else None
     fitted_gpu = section.get("fitted_gpu")
     gpu = getattr(getattr(profile, "facts", None), "gpu_name", None)

@@ -9,6 +9,7 @@ import io
 import re
 import struct
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -23,6 +24,19 @@ MANIFEST_FILE = "manifest.json"
 ARRAYS_FILE = "arrays.npz"
 ARRAY_KEYS = ("feature", "threshold", "right", "value", "roots")
 RETRAIN = "retrain it with `python -m neox_perf.predictors.train`"
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """A query against the samples of the model that predicts it."""
+
+    state: str  # sampled | interpolated (between grid points) | in range (no grid) | extrapolated
+    factor: float  # how far past the sampled range, as a ratio (1.0 inside)
+    detail: str  # the feature furthest outside, e.g. "m=8192 vs the sampled maximum 2048"
+
+
+def _on(v: float, grid) -> bool:
+    return v in grid or any(abs(v - g) <= 1e-9 * max(abs(g), 1.0) for g in grid)
 
 
 class Model:
@@ -44,6 +58,7 @@ class Model:
         self.features: Tuple[str, ...] = tuple(entry["features"])
         self.lo = [float(entry["ranges"][n][0]) for n in self.features]
         self.hi = [float(entry["ranges"][n][1]) for n in self.features]
+        self.grid = {n: frozenset(float(v) for v in vs) for n, vs in (entry.get("grid") or {}).items()}
         self.coef = np.asarray(entry["baseline"]["coef"], dtype=float)
         self.coef_list = [float(c) for c in self.coef]
         self.tree_columns: Tuple[int, ...] = tuple(self.features.index(n) for n in entry["tree_features"])
@@ -94,6 +109,28 @@ class Model:
                 side = "below the sampled minimum" if v < lo else "above the sampled maximum"
                 parts.append(f"{name}={v:g} {side} {lo if v < lo else hi:g}")
         return f"{self.key}: " + "; ".join(parts) if parts else ""
+
+    def coverage_one(self, values: Tuple[float, ...]) -> Coverage:
+        """Where a query lies against this model's samples, and how far outside them."""
+        factor, worst = 1.0, ""
+        for name, v, lo, hi in zip(self.features, values, self.lo, self.hi):
+            tol = 1e-9 * max(abs(lo), abs(hi), 1.0)
+            if lo - tol <= v <= hi + tol:
+                continue
+            edge = lo if v < lo else hi
+            # a ratio where both are sizes; a flag (causal 0/1) is off by its distance
+            f = (max(v, edge) / min(v, edge) if v > 0 and edge > 0
+                 else 1.0 + abs(v - edge) / max(abs(edge), 1.0))
+            if f > factor or not worst:
+                factor = f
+                side = "minimum" if v < lo else "maximum"
+                worst = f"{name}={v:g} vs the sampled {side} {edge:g}"
+        if worst:
+            return Coverage("extrapolated", factor, worst)
+        if self.grid and all(n in self.grid and _on(v, self.grid[n])
+                             for n, v in zip(self.features, values)):
+            return Coverage("sampled", 1.0, "")
+        return Coverage("interpolated" if self.grid else "in range", 1.0, "")
 
     def out_of_range(self, columns: List[np.ndarray]) -> List[str]:
         """Per query: '' or why it lies outside the sampled range of some feature."""

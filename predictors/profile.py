@@ -25,7 +25,7 @@ from neox_perf import opspec
 
 from . import baseline, extrapolate
 from .cluster_file import DESCRIPTION_FILE, is_description
-from .artifacts import MANIFEST_FILE, RETRAIN, SCHEMA, SCHEMA_VERSION, Arrays, Model
+from .artifacts import MANIFEST_FILE, RETRAIN, SCHEMA, SCHEMA_VERSION, Arrays, Coverage, Model
 from .errors import ProfileError
 from .facts import ClusterFacts
 
@@ -145,6 +145,15 @@ class ClusterProfile:
             raise ProfileError(self.path, f"profile {self.name} has no model for {op}/{phase}",
                                "use a profile trained with samples for this operator")
         return model
+
+    def coverage(self, op: str, phase: str, features: Mapping[str, float]) -> Coverage:
+        """Whether the samples of the model predicting this call cover its shape: sampled,
+        interpolated, or extrapolated and how far (a derived phase answers with its source's)."""
+        spec = opspec.op_spec(op)
+        model = self._model_for(op, phase, spec)
+        if model.derived_from is not None:
+            model = self._model_for(op, model.derived_from, spec)
+        return model.coverage_one(tuple(float(features[n]) for n in spec.features))
 
     def predict_many(self, op: str, phase: str, features: Mapping[str, object]) -> BatchPrediction:
         """Vectorised predict: each feature a scalar or an array (broadcast together)."""

@@ -47,6 +47,20 @@ def _ranges(features: Dict[str, np.ndarray], names) -> Dict[str, List[float]]:
     return {n: [float(np.min(features[n])), float(np.max(features[n]))] for n in names}
 
 
+GRID_MAX = 48  # a feature with more distinct sampled values is not a grid: no "sampled" verdict
+
+
+def _grid(features: Dict[str, np.ndarray], names) -> Dict[str, List[float]]:
+    """The distinct sampled values of each feature that was sampled on a grid, so a query can
+    be told apart as sampled (every feature at a sampled value) or between samples."""
+    out = {}
+    for n in names:
+        values = np.unique(np.asarray(features[n], dtype=float))
+        if len(values) <= GRID_MAX:
+            out[n] = [float(v) for v in values]
+    return out
+
+
 class _ArrayPool:
     """Every exported forest of a profile, one group of members ("m<i>.feature", ...) each,
     so a profile can decompress only the models it actually uses."""
@@ -154,7 +168,8 @@ def fit_set(key: str, op: str, phase: str, ts, facts, grid, pool: "_ArrayPool",
     limits = cleaning.baseline_limits(ts, facts)
     result = fit.fit_one(key, cleaning.baseline_design(ts, facts), [ts.features[n] for n in names],
                          ts.seconds, grid=grid, limits=limits)
-    entry = {"features": list(names), "rows": int(len(ts)), "ranges": _ranges(ts.features, names)}
+    entry = {"features": list(names), "rows": int(len(ts)), "ranges": _ranges(ts.features, names),
+             "grid": _grid(ts.features, names)}
     entry.update(_model_entry(result, list(names), pool))
     if phase == COLLECTIVE_PHASE:
         entry["baseline"] = _collective_entry(result.coef, limits[0], facts.inter_node_link.lanes)

@@ -282,6 +282,10 @@ class TransferredProfile:
                 self._cache[key] = hit
         return hit
 
+    def coverage(self, op: str, phase: str, features: Mapping[str, float]):
+        """The base's samples are the ones a transferred prediction stands on."""
+        return self.base.coverage(op, phase, features)
+
     def predict_many(self, op: str, phase: str, features: Mapping[str, object]):
         pred = self.base.predict_many(op, phase, features)
         if self.same_gpu:

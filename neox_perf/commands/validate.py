@@ -37,6 +37,7 @@ from .. import exitcodes
 from ..calibration.launch import (CACHING_MALLOC_ENV, CalibrationFailed, cuda_available,
                                   has_module, launch, progress_event)
 from ..errors import ConfigError, NeoxPerfError, UsageError
+from ..result import coverage_rows
 
 WARMUP_ITERATIONS = 2
 COMPONENTS = ("forward", "backward", "tp_allreduce", "p2p", "grad_sync", "optimizer", "other")
@@ -61,6 +62,9 @@ class ConfigValidation:
     stages: List[Dict[str, object]]  # per stage, per component: predicted / measured
     notes: List[str] = field(default_factory=list)
     interval_seconds: Optional[List[float]] = None  # the prediction's 80% interval, if any
+    # per operator/phase: sampled, interpolated or extrapolated (and how far), see result.coverage_rows
+    coverage: List[Dict[str, object]] = field(default_factory=list)
+    extrapolated_share: float = 0.0  # of the predicted iteration, outside the sampled ranges
 
     @property
     def error(self) -> float:
@@ -73,7 +77,7 @@ class ConfigValidation:
                 "measured_median_seconds": self.measured_median_seconds,
                 "error": self.error, "iterations": self.iterations, "warmup": self.warmup,
                 "components": self.components, "stages": self.stages, "notes": self.notes,
-                "interval_seconds": self.interval_seconds}
+                "interval_seconds": self.interval_seconds, "coverage": self.coverage}
 
 
 @dataclass
@@ -301,7 +305,8 @@ def validate_one(configs: Sequence[str], gpus: int, profile, iters: int,
         measured_median_seconds=statistics.median(per_iter), iterations=len(per_iter),
         warmup=WARMUP_ITERATIONS, components=_component_rows(pred_stages, meas_stages),
         stages=stages, notes=list(dict.fromkeys(notes)),
-        interval_seconds=list(pred.estimate.interval_seconds) if pred.estimate.interval_seconds else None)
+        interval_seconds=list(pred.estimate.interval_seconds) if pred.estimate.interval_seconds else None,
+        coverage=coverage_rows(pred.estimate), extrapolated_share=pred.estimate.extrapolated_share)
 
 
 def check_inputs(args) -> None:
@@ -323,7 +328,17 @@ def run_validate(args, progress: Optional[Progress] = None) -> ValidateResult:
     iters = int(getattr(args, "iters", None) or 10)
     result = ValidateResult(cluster=profile.name, gpus=args.gpus)
     workdir = getattr(args, "workdir", None)
-    result.results.append(validate_one(args.configs, args.gpus, profile, iters,
-                                       getattr(args, "vocab_size", None), progress,
-                                       Path(workdir) if workdir else None))
+    one = validate_one(args.configs, args.gpus, profile, iters, getattr(args, "vocab_size", None),
+                       progress, Path(workdir) if workdir else None)
+    result.results.append(one)
+    # a calibrated profile learns its interval from its own validations (the measured minimum,
+    # what the prediction is compared with); bundled profiles are not written
+    from ..profile_validation import record
+    try:
+        note = record(profile, list(args.configs), one.measured_seconds, one.predicted_seconds,
+                      one.extrapolated_share)
+    except (OSError, ValueError) as exc:  # the validation stands; only the record is lost
+        note = f"not recorded in the profile ({exc.__class__.__name__}: {exc})"
+    if note:
+        one.notes.append(note)
     return result

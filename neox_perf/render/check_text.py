@@ -1,6 +1,8 @@
 """Rich text for `neox-perf check`: what the config builds, the verdicts, the prediction."""
 from __future__ import annotations
 
+from typing import Optional
+
 from rich import box
 from rich.panel import Panel
 from rich.table import Table
@@ -119,13 +121,45 @@ def _render_prediction(result, console) -> None:
                     box=box.SIMPLE_HEAD)
         ops.add_column("operator")
         ops.add_column("seconds", justify="right")
+        cover = {c["what"]: c for c in pred.get("coverage") or []}
+        if cover:
+            ops.add_column("shape vs the samples")
         for name, sec in top:
-            ops.add_row(name, _s(sec))
+            op, _, phase = name.rpartition(" ")
+            c = cover.get(f"{op} {'fwd' if phase == 'recompute' else phase}")
+            ops.add_row(name, _s(sec), *([coverage_cell(c)] if cover else []))
         console.print(ops)
+    line = coverage_line(pred.get("coverage") or [])
+    if line:
+        console.print(line)
     for flag in est.flags:
         console.print(Text(f"extrapolated: {flag.what}: {flag.reason}", style="yellow"))
     for note in pred["notes"]:
         console.print(Text(f"note: {note}", style="yellow"))
+
+
+def coverage_cell(c) -> Text:
+    if c is None:
+        return Text("-", style="dim")
+    if c["state"] == "extrapolated":
+        return Text(f"extrapolated x{c['factor']:.3g}: {c['detail']}", style="yellow")
+    return Text(c["state"], style="green" if c["state"] == "sampled" else "")
+
+
+def coverage_line(rows) -> Optional[Text]:
+    """One line: how many operator/phase models predict at, between or past their samples."""
+    if not rows:
+        return None
+    counts: dict = {}
+    for c in rows:
+        counts[c["state"]] = counts.get(c["state"], 0) + 1
+    parts = [f"{counts[k]} {k}" for k in ("sampled", "interpolated", "in range", "extrapolated")
+             if counts.get(k)]
+    far = max(rows, key=lambda c: (c["state"] == "extrapolated", c["factor"]))
+    tail = (f"; furthest out: {far['what']}, {far['detail']} (x{far['factor']:.3g})"
+            if far["state"] == "extrapolated" else "")
+    return Text(f"operator shapes against the profile's samples: {', '.join(parts)}{tail}",
+                style="yellow" if tail else "dim")
 
 
 def _render_timeline(est, console) -> None:

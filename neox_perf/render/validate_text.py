@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 from rich.table import Table
+from rich.text import Text
+
+from .check_text import coverage_line
 
 
 def _err(v) -> str:
@@ -42,5 +45,8 @@ def render(result, console) -> None:
         console.print(f"mean absolute error {100 * result.mape:.1f}% over {len(result.results)} "
                       f"config(s); largest {100 * result.max_abs_error:.1f}%")
     for r in result.results:
+        line = coverage_line(getattr(r, "coverage", None) or [])
+        if line is not None:
+            console.print(Text(f"{r.config[-1].rsplit('/', 1)[-1]}: ") + line)
         for note in r.notes:
             console.print(f"note ({r.config[-1].rsplit('/', 1)[-1]}): {note}")

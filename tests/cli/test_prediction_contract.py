@@ -11,7 +11,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "neox_perf" / "examples"
 PREDICTION_KEYS = {
     "profile", "iteration_seconds", "interval_seconds", "eq7_seconds", "breakdown",
     "tokens_per_second", "stages", "operators", "extrapolated_share", "step_terms", "extrapolated",
-    "notes", "tflops_per_gpu", "mfu", "run_seconds", "run_gpu_hours", "run_hours_interval",
+    "coverage", "notes", "tflops_per_gpu", "mfu", "run_seconds", "run_gpu_hours", "run_hours_interval",
     "run_gpu_hours_interval",
 }
 
@@ -34,6 +34,13 @@ def test_prediction_keys_and_interval(capsys, cluster):
     assert hours_lo < pred["run_seconds"] / 3600 < hours_hi
     assert pred["step_terms"]["applied"] is True
     assert 0.0 <= pred["extrapolated_share"] <= 1.0
+    # every operator/phase of the decomposition, against the samples of the model predicting it
+    rows = pred["coverage"]
+    assert rows and {r["what"] for r in rows} >= {"linear1 fwd", "linear1 bwd"}
+    for r in rows:
+        assert set(r) == {"what", "state", "factor", "detail"}
+        assert r["state"] in ("sampled", "interpolated", "in range", "extrapolated")
+        assert (r["factor"] > 1.0) == (r["state"] == "extrapolated") and bool(r["detail"]) == (r["factor"] > 1.0)
 
 
 def test_terms_make_the_prediction_slower_than_the_operator_sum(capsys):

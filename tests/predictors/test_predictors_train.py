@@ -78,3 +78,24 @@ def test_table_prints(trained, capsys):
 def test_cli_reports_missing_samples(tmp_path, capsys):
     assert train.main(["--samples", str(tmp_path / "nowhere"), "--out", str(tmp_path)]) == 2
     assert "not found" in capsys.readouterr().err
+
+
+def test_coverage_says_sampled_interpolated_or_how_far_out(trained):
+    path, manifest, _ = trained
+    profile = load_profile(path)
+    entry = manifest["operators"]["linear1"]["fwd"]
+    grid, (lo, hi) = entry["grid"], entry["ranges"]["m"]
+    assert set(grid) == {"m", "k", "n"} and all(len(v) <= train.GRID_MAX for v in grid.values())
+    at = {f: grid[f][len(grid[f]) // 2] for f in ("m", "k", "n")}
+    assert profile.coverage("linear1", "fwd", at).state == "sampled"
+    between = dict(at, m=(grid["m"][0] * grid["m"][1]) ** 0.5)  # strictly between two sampled m
+    assert profile.coverage("linear1", "fwd", between).state == "interpolated"
+    out = profile.coverage("linear1", "fwd", dict(at, m=4 * hi))
+    assert out.state == "extrapolated" and out.factor == pytest.approx(4.0)
+    assert out.detail == f"m={4 * hi:g} vs the sampled maximum {hi:g}"
+    below = profile.coverage("linear1", "fwd", dict(at, m=lo / 2, n=grid["n"][-1] * 3))
+    assert below.factor == pytest.approx(3.0) and below.detail.startswith("n=")  # the furthest
+    # a phase derived from another answers with its source's samples
+    fa = manifest["operators"]["flash_attention"]["fwd"]
+    q = {f: fa["grid"][f][0] if f in fa["grid"] else fa["ranges"][f][0] for f in fa["features"]}
+    assert profile.coverage("flash_attention", "bwd", q) == profile.coverage("flash_attention", "fwd", q)
