@@ -94,7 +94,7 @@ class Model:
         forest = self.forest
         if forest is None:
             return 0.0
-        row = np.log(np.array([values[j] for j in self.tree_columns], dtype=np.float64)).astype(np.float32)
+        row = log_features([[values[j]] for j in self.tree_columns])[0]
         return forest.predict_one(row)
 
     def out_of_range_one(self, values: Tuple[float, ...]) -> str:

@@ -19,10 +19,17 @@ from dataclasses import dataclass
 import numpy as np
 
 
+# Every size feature is >= 1; a flag (flash attention's `causal`) may be 0, whose log would be
+# -inf. It enters at this floor instead: below every size, apart from 1, and the same in
+# training and prediction.
+FLAG_FLOOR = 0.5
+
+
 def log_features(columns) -> np.ndarray:
-    """The trees' input: natural log of each feature, float64 then float32 (training does the same)."""
-    x = np.log(np.column_stack([np.asarray(c, dtype=np.float64).ravel() for c in columns]))
-    return x.astype(np.float32)
+    """The trees' input: natural log of each feature (a 0 flag at FLAG_FLOOR), float64 then
+    float32 (training does the same)."""
+    x = np.column_stack([np.asarray(c, dtype=np.float64).ravel() for c in columns])
+    return np.log(np.maximum(x, FLAG_FLOOR)).astype(np.float32)
 
 
 @dataclass(frozen=True)

@@ -91,3 +91,24 @@ def test_bundled_profiles_record_exact_exports():
         assert forests, path
         for e in forests:
             assert e["export_max_error"] <= TOL, (path, e["forest"])
+
+
+def test_a_zero_flag_among_the_tree_features_fits_and_predicts():
+    """`calibrate --for` on a causal-attention config samples flash attention with causal 1
+    beside the plan's causal 0: the flag varies, so it enters the trees, and its 0 must not
+    become log(0) = -inf (which stopped the fit)."""
+    from neox_perf.predictors import fit
+    from neox_perf.predictors.forest import FLAG_FLOOR, log_features
+    rng = np.random.default_rng(0)
+    n = 120
+    size = rng.choice([64.0, 128.0, 256.0, 512.0], n)
+    causal = rng.choice([0.0, 1.0], n)
+    seconds = 1e-6 * size * (1.0 - 0.4 * causal) * rng.uniform(0.97, 1.03, n)
+    design = np.column_stack([np.ones(n), size])
+    result = fit.fit_one("flag/fwd", design, [size, causal], seconds, grid=fit.QUICK_GRID)
+    assert result.tree_columns == [0, 1] and np.isfinite(list(result.validation.values())).all()
+    assert np.isfinite(log_features([[0.0, 1.0]])).all()
+    assert log_features([[0.0]])[0, 0] == np.float32(np.log(FLAG_FLOOR))
+    if result.forest is not None:
+        off, on = (result.forest.predict(log_features([[256.0], [c]]))[0] for c in (0.0, 1.0))
+        assert on < off  # causal halves the work: the trees see the flag
