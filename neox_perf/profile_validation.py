@@ -60,8 +60,8 @@ def record(profile, configs: List[str], measured: float, predicted: float,
 
 
 def _read_only(path: Path) -> bool:
-    from .predictors.profile import _bundled_dir
-    return path.resolve().parent == _bundled_dir().resolve() or not os.access(path, os.W_OK)
+    from .predictors.profile import is_bundled
+    return is_bundled(path) or not os.access(path, os.W_OK)
 
 
 def _replace(file: Path, data: Dict[str, Any]) -> None:

@@ -37,6 +37,11 @@ def _bundled_dir() -> Path:
     return Path(neox_perf.__file__).resolve().parent / "profiles"
 
 
+def is_bundled(path) -> bool:
+    """Whether a profile directory is one this package ships (read-only: never written)."""
+    return Path(path).resolve().parent == _bundled_dir().resolve()
+
+
 def user_profiles_dir() -> Path:
     """Where `neox-perf calibrate` writes profiles: $NEOX_PERF_HOME/profiles, by default
     ~/.cache/neox-perf/profiles. Read at every call, so a changed variable takes effect."""

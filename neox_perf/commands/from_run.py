@@ -65,8 +65,8 @@ def _load(cluster: str):
 
 
 def _is_bundled(prof) -> bool:
-    from ..predictors.profile import _bundled_dir
-    return Path(prof.path).resolve().parent == _bundled_dir().resolve()
+    from ..predictors.profile import is_bundled
+    return is_bundled(prof.path)
 
 
 def _store_of(args, prof, notes) -> Optional[Path]:

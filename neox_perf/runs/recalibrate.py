@@ -114,7 +114,9 @@ def recalibrate_from_run(run_dir: str, profile, out_dir: str, name: Optional[str
     final = Path(out_dir)
     name = name or final.resolve().name
     manifest["name"] = name
-    steps = _level_step_terms(manifest, run_dir)
+    from .report import measured_job
+    job = measured_job(run_dir)  # (reference rank's summary, measured iterations), read once
+    steps = _level_step_terms(manifest, job[0])
     manifest.setdefault("provenance", {})["recalibrated"] = {
         "from_profile": prof.name, "run_dir": os.path.abspath(run_dir), "time": time.time(),
         "method": "baseline coefficients x weighted median(measured / predicted) per model",
@@ -126,7 +128,7 @@ def recalibrate_from_run(run_dir: str, profile, out_dir: str, name: Optional[str
         if arrays:  # the trees, unchanged (the manifest keeps their checksum)
             shutil.copy2(os.path.join(str(models.path), arrays), tmp / arrays)
         write_manifest(tmp / MANIFEST_FILE, manifest)
-        steps.update(_refit_fixed_cost(manifest, tmp, run_dir))
+        steps.update(_refit_fixed_cost(manifest, tmp, run_dir, *job))
         write_manifest(tmp / MANIFEST_FILE, manifest)
         replace_dir(tmp, final)
     except BaseException:
@@ -141,17 +143,15 @@ def recalibrate_from_run(run_dir: str, profile, out_dir: str, name: Optional[str
 REFIT = "micro_batch_s"
 
 
-def _level_step_terms(manifest: Dict[str, Any], run_dir: str) -> Dict[str, Any]:
+def _level_step_terms(manifest: Dict[str, Any], ref: dict) -> Dict[str, Any]:
     """The step terms a level-corrected profile starts from. The factors came from the run's own
     calls, measured inside real steps, so the in-situ slowdown the development-set scales stand
     for is in the operators now: both scales become 1. On a CPU a call's host time already
     holds its dispatch, so the dispatch floor goes too. The rest stay as the profile had them
     until _refit_fixed_cost pins the per-micro-batch cost on the run."""
     from neox_perf.step_terms import StepTerms
-    from .report import measured_job
     section = manifest.setdefault("step_terms", {})
     base = StepTerms.from_dict(section["terms"]) if section.get("terms") else StepTerms()
-    ref, _ = measured_job(run_dir)
     cpu = (ref.get("facts") or {}).get("device_type") == "cpu"
     start = dataclasses.replace(base, compute_scale=1.0, memory_scale=1.0,
                                 dispatch_s=0.0 if cpu else base.dispatch_s)
@@ -162,14 +162,13 @@ def _level_step_terms(manifest: Dict[str, Any], run_dir: str) -> Dict[str, Any]:
     return {"from": base.to_dict(), "start": start.to_dict()}
 
 
-def _refit_fixed_cost(manifest: Dict[str, Any], profile_dir: Path, run_dir: str) -> Dict[str, Any]:
+def _refit_fixed_cost(manifest: Dict[str, Any], profile_dir: Path, run_dir: str, ref: dict,
+                      iters: Dict[str, Any]) -> Dict[str, Any]:
     """Refit REFIT on the run's median iteration with the corrected operators (written to
     profile_dir already); the manifest's terms are updated in place."""
     from neox_perf.predictors.profile import load_profile
     from neox_perf.predictors.step_fit import Case, refit
     from neox_perf.step_terms import StepTerms
-    from .report import measured_job
-    ref, iters = measured_job(run_dir)
     if not iters.get("median"):
         return {"refitted": None, "why": "no measured iteration outside warm-up and profiling"}
     profile = load_profile(str(profile_dir))
