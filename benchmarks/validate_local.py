@@ -10,6 +10,11 @@ after (other jobs on a 2-core box slow the runs; the minimum filters most of it)
     neox-perf calibrate --cluster local --quick      # once: the profile to check
     python benchmarks/validate_local.py [--cluster local] [--iters 8] [--json] [CONFIG ...]
 
+A shared 2-core box drifts by 10-30% between launches minutes apart, so two profiles are
+compared on one set of measurements, never on two runs: `--compare NAME...` predicts the same
+measured launches with more profiles, and `--measured FILE` re-predicts a saved `--json`
+output without launching anything (e.g. `--cluster local --compare local-for`).
+
 None of these configs shaped the quick sampling plan or the model: they were written for
 this check (sizes between the plan's grid points: d 384/640/768, l 384, vocab 16000).
 """
@@ -55,9 +60,15 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=1,
                     help="launch each config this many times, rounds interleaved, and keep the "
                          "fastest launch (other jobs on the box slow whole launches, not single iterations)")
+    ap.add_argument("--compare", nargs="+", default=[], metavar="CLUSTER",
+                    help="more profiles predicted against the same measured launches")
+    ap.add_argument("--measured", metavar="FILE",
+                    help="a previous --json output: re-predict its measurements, launch nothing")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     configs = [Path(c) for c in args.configs] or CONFIGS
+    if args.measured:
+        return _repredict(args, configs)
 
     from neox_perf.predict import load_cluster
     from neox_perf.commands.validate import ValidateResult, validate_one
@@ -83,10 +94,14 @@ def main(argv=None) -> int:
             best.notes.insert(0, f"fastest of {args.repeat} launches (measured {times} s)")
         result.results.append(best)
     elapsed = time.monotonic() - started
+    measured = [(Path(r.config[-1]), r.measured_seconds) for r in result.results]
+    comparison = _compare([args.cluster, *args.compare], measured, args) if args.compare else None
     if args.json:
         from neox_perf.render.envelope import dump, envelope
         out = envelope(result.command, result.exit_code, result.to_dict())
         out.update(load_average_before=load_before, load_average_after=_load(), seconds=elapsed)
+        if comparison is not None:
+            out["comparison"] = comparison
         sys.stdout.write(dump(out) + "\n")
         return 0
     from rich.console import Console
@@ -95,6 +110,82 @@ def main(argv=None) -> int:
     render(result, Console(highlight=False, width=160))
     print(f"load average (1, 5, 15 min) before: {load_before}; after: {_load()}; "
           f"{elapsed:.0f} s for {len(configs)} configs")
+    if comparison is not None:
+        _print_comparison(comparison)
+    return 0
+
+
+def _compare(clusters, measured, args) -> dict:
+    """Every profile's prediction of the same measured launches: per config and in summary
+    (mean absolute and mean signed error, worst row)."""
+    from neox_perf.commands.validate import predict
+    from neox_perf.predict import load_cluster
+    from neox_perf.calibration.launch import cuda_available
+
+    device = "cuda" if cuda_available() else "cpu"
+    rows = [{"config": cfg.name, "measured_seconds": m, "predicted": {}} for cfg, m in measured]
+    summary = {}
+    for name in clusters:
+        profile = load_cluster(name)
+        errors = []
+        for row, (cfg, m) in zip(rows, measured):
+            p = predict([str(cfg)], args.gpus, profile, _vocab(cfg, args.vocab_size), device)
+            seconds = p.estimate.iteration_seconds
+            row["predicted"][name] = {"seconds": seconds, "error": seconds / m - 1.0}
+            errors.append(seconds / m - 1.0)
+        worst = max(range(len(errors)), key=lambda i: abs(errors[i]))
+        summary[name] = {"mape": 100 * sum(map(abs, errors)) / len(errors),
+                         "mean_signed": 100 * sum(errors) / len(errors),
+                         "worst": {"config": rows[worst]["config"], "error": 100 * errors[worst]}}
+    return {"clusters": list(clusters), "rows": rows, "summary": summary}
+
+
+def _print_comparison(comparison: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    names = comparison["clusters"]
+    table = Table(title="The same measured launches, predicted by each profile (error vs min)",
+                  title_justify="left")
+    table.add_column("config")
+    table.add_column("measured", justify="right")
+    for n in names:
+        table.add_column(f"{n} s", justify="right")
+        table.add_column("error", justify="right")
+    for row in comparison["rows"]:
+        cells = []
+        for n in names:
+            p = row["predicted"][n]
+            cells += [f"{p['seconds']:.3f}", f"{100 * p['error']:+.1f}%"]
+        table.add_row(row["config"], f"{row['measured_seconds']:.3f}", *cells)
+    console = Console(highlight=False, width=160)
+    console.print(table)
+    for n in names:
+        s = comparison["summary"][n]
+        console.print(f"{n}: MAPE {s['mape']:.2f}%, mean signed {s['mean_signed']:+.2f}%, worst "
+                      f"{s['worst']['error']:+.1f}% ({s['worst']['config']})")
+
+
+def _repredict(args, configs) -> int:
+    """`--measured FILE`: the measurements of an earlier --json run, predicted again."""
+    import json
+
+    data = json.loads(Path(args.measured).read_text())
+    by_name = {Path(c).name: c for c in map(str, configs)}
+    measured = []
+    for r in data["results"]:
+        cfg = Path(r["config"][-1])
+        if args.configs and cfg.name not in by_name:
+            continue
+        if not cfg.is_file():  # saved on another checkout: the same file name here
+            cfg = HERE / "validation" / cfg.name
+        measured.append((cfg, r["measured_seconds"]))
+    comparison = _compare([args.cluster, *args.compare], measured, args)
+    if args.json:
+        sys.stdout.write(json.dumps({"measured_from": args.measured, "comparison": comparison},
+                                    indent=1) + "\n")
+    else:
+        _print_comparison(comparison)
     return 0
 
 

@@ -22,7 +22,12 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(exitcodes.USAGE)
 
 
-def build_parser() -> argparse.ArgumentParser:
+_COMMANDS = ("check", "calibrate", "validate", "clusters", "plan", "run", "report")
+
+
+def build_parser(only: Optional[str] = None) -> argparse.ArgumentParser:
+    """Every subcommand; with `only`, the others' arguments are left out, so a `check` never
+    imports the modules that define `plan`, `run` and `report` (check must start fast)."""
     parser = _Parser(prog="neox-perf", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"neox-perf {__version__}")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
@@ -90,18 +95,20 @@ def build_parser() -> argparse.ArgumentParser:
                           help="list the GPUs a cluster description file can name")
     clusters.add_argument("--json", action="store_true", help="print one versioned JSON envelope")
 
-    from .commands.plan import add_arguments as add_plan_arguments
     plan_cmd = sub.add_parser("plan", help="rank the layouts of a model on these GPUs by "
                                            "predicted time to train")
-    add_plan_arguments(plan_cmd)
-
-    from .commands.report import add_arguments as add_report_arguments
-    from .commands.run import add_arguments as add_run_arguments
+    if only in (None, "plan"):
+        from .commands.plan import add_arguments as add_plan_arguments
+        add_plan_arguments(plan_cmd)
     run = sub.add_parser("run", help="train with the runtime hook on every rank: "
                                      "neox-perf run [options] -- <launch command>")
-    add_run_arguments(run)
+    if only in (None, "run"):
+        from .commands.run import add_arguments as add_run_arguments
+        add_run_arguments(run)
     report = sub.add_parser("report", help="predicted vs measured time of a hooked run")
-    add_report_arguments(report)
+    if only in (None, "report"):
+        from .commands.report import add_arguments as add_report_arguments
+        add_report_arguments(report)
     for command in sub.choices.values():
         command.add_argument("--debug", action="store_true",
                              help="on an error, print the traceback before the one-line message")
@@ -109,9 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = build_parser()
+    words = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(only=words[0] if words and words[0] in _COMMANDS else None)
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(words)
     except SystemExit as exc:  # --help, --version, or a usage error already reported
         return exc.code if isinstance(exc.code, int) else exitcodes.USAGE
     if args.command is None:

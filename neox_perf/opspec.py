@@ -26,10 +26,20 @@ FP32_BYTES = 4  # optimizer state and master weights stay fp32 whatever the acti
 PHASES = ("fwd", "bwd")
 OPTIMIZER_PHASE = "step"  # the optimizer has one phase; it is neither forward nor backward
 
-# Causal flash attention skips the blocks above the diagonal: about half the l^2 work for
-# l much larger than the tile size. The samples are non-causal, so a causal query is the
-# non-causal prediction scaled through the FLOP term of the baseline (see predictors).
-CAUSAL_WORK_FRACTION = 0.5
+# Causal flash attention skips the tiles above the diagonal but computes the diagonal ones
+# whole: with n = ceil(l / tile) query tiles it runs n(n+1)/2 of the n^2 tiles, a fraction
+# (n+1)/(2n) -- 1 when l fits one tile, 3/4 at two, towards 1/2 as l grows. The tile is
+# FlashAttention-2's query block on A100/H100 (128 rows). The bundled samples are non-causal,
+# so a causal query is the non-causal prediction scaled through the FLOP term of the baseline
+# (see predictors); a local profile samples causal=1 itself (the CPU kernel's blocks differ).
+CAUSAL_TILE = 128
+CAUSAL_WORK_FRACTION = 0.5  # the limit for l >> CAUSAL_TILE
+
+
+def causal_work_fraction(l):
+    """Share of the non-causal l^2 work a causal flash attention does (see CAUSAL_TILE)."""
+    n = np.maximum(np.ceil(np.asarray(l, dtype=float) / CAUSAL_TILE), 1.0)
+    return (n + 1.0) / (2.0 * n)
 
 # FlashAttention-2 backward recomputes the scores and runs five l^2 matmuls against the
 # forward's two: 2.5x the forward FLOPs.
@@ -147,7 +157,7 @@ def _attention_bmm(scores_reads_fwd: float, scores_io_bwd: float):
 
 def _flash():
     def work(f):
-        causal = np.where(np.asarray(f["causal"]) > 0, CAUSAL_WORK_FRACTION, 1.0)
+        causal = np.where(np.asarray(f["causal"]) > 0, causal_work_fraction(f["l"]), 1.0)
         return causal * f["b"] * f["heads"] * f["l"] * f["l"] * f["head_dim"]
 
     def qkvo(f):
@@ -218,8 +228,8 @@ OPS: Dict[str, OpSpec] = {
               _elementwise(lambda f: f["batch"] * f["l"] * f["l"], 6, 4, 2, 3),
               "ScaledUpperTriangMaskedSoftmax: fused scale + causal mask + softmax on [batch, l, l]"),
         _spec("flash_attention", ("b", "l", "heads", "head_dim", "causal"), _flash(),
-              "flash attention on [b, l, heads per rank, head_dim]; causal=1 does about half the "
-              "l^2 work (CAUSAL_WORK_FRACTION); samples are non-causal"),
+              "flash attention on [b, l, heads per rank, head_dim]; causal=1 skips the tiles above "
+              "the diagonal (causal_work_fraction: 1 at one tile, towards 1/2)"),
         _spec("gelu", ("tokens", "width"), _elementwise(lambda f: f["tokens"] * f["width"], 8, 16, 2, 3),
               "GeLU on [tokens, width] (GPT-NeoX: width = 4d/mp)"),
         _spec("cross_entropy", ("tokens", "vocab"),

@@ -233,8 +233,9 @@ def train_cluster(samples_root: Path, known: KnownCluster, out_root: Path, grid=
                          "gross_outlier_ratio": float(np.exp(cleaning.GROSS_OUTLIER_LOG)),
                          "neighbours": cleaning.NEIGHBOURS},
             "flash_attention_causal": (
-                f"samples are non-causal; a causal query scales the FLOP term by "
-                f"{opspec.CAUSAL_WORK_FRACTION} and reuses the non-causal residual (same kernel "
+                f"samples are non-causal; a causal query scales the FLOP term by the share of "
+                f"{opspec.CAUSAL_TILE}-row tiles on or below the diagonal, (n+1)/(2n) for n = "
+                f"ceil(l/{opspec.CAUSAL_TILE}), reuses the non-causal residual (same kernel "
                 f"efficiency assumed) and is flagged extrapolated"),
             "seconds": None,
         },

@@ -103,12 +103,20 @@ class ValidateResult:
     def max_abs_error(self) -> Optional[float]:
         return max((abs(r.error) for r in self.results), default=None)
 
+    @property
+    def mean_signed_error(self) -> Optional[float]:  # a bias the absolute mean hides
+        if not self.results:
+            return None
+        return sum(r.error for r in self.results) / len(self.results)
+
     def to_dict(self) -> dict:
         return {"cluster": self.cluster, "gpus": self.gpus,
                 "results": [r.to_dict() for r in self.results],
                 "mean_absolute_percentage_error": None if self.mape is None else 100 * self.mape,
                 "max_absolute_percentage_error": None if self.max_abs_error is None
-                else 100 * self.max_abs_error}
+                else 100 * self.max_abs_error,
+                "mean_signed_percentage_error": None if self.mean_signed_error is None
+                else 100 * self.mean_signed_error}
 
 
 # -- prediction -----------------------------------------------------------------------------

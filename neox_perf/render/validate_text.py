@@ -43,7 +43,8 @@ def render(result, console) -> None:
     console.print(comp)
     if result.mape is not None:
         console.print(f"mean absolute error {100 * result.mape:.1f}% over {len(result.results)} "
-                      f"config(s); largest {100 * result.max_abs_error:.1f}%")
+                      f"config(s); largest {100 * result.max_abs_error:.1f}%; mean signed "
+                      f"{100 * result.mean_signed_error:+.1f}%")
     for r in result.results:
         line = coverage_line(getattr(r, "coverage", None) or [])
         if line is not None:

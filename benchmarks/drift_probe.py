@@ -1,0 +1,94 @@
+"""Is this machine running at the speed it was calibrated at? Re-times stored operator points.
+
+A profile predicts the machine as it was while `calibrate` ran. A shared or cloud box drifts
+(other tenants, frequency, thermal state): on the development box, identical launches minutes
+apart differed by 10-30%. This picks a seeded sample of the store's own calibration points
+(1-200 ms each, every operator), times them again now with the calibration's benchmark code
+and protocol, and prints the ratio now / then per operator and overall (median, IQR). A
+validation run's signed error is only meaningful next to this ratio taken at the same time.
+
+    python benchmarks/drift_probe.py --store ~/.cache/neox-perf/stores/local.sqlite [--points 40]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from collections import defaultdict
+
+
+def pick(samples, points: int, seed: int):
+    """Up to `points` calibration samples of 1-200 ms, spread over the operators."""
+    from neox_perf.opspec import OPERATORS
+
+    by_op = defaultdict(list)
+    for s in samples:  # operators only: collectives need every rank
+        if s.op in OPERATORS and s.source == "calibrate" and 1e-3 <= s.median <= 0.2:
+            by_op[s.op].append(s)
+    rng = random.Random(seed)
+    per_op = max(1, points // max(1, len(by_op)))
+    chosen = []
+    for op in sorted(by_op):
+        rows = sorted(by_op[op], key=lambda s: s.id)
+        chosen += rng.sample(rows, min(per_op, len(rows)))
+    return chosen[:points] if len(chosen) > points else chosen
+
+
+def quartiles(xs):
+    q = statistics.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
+    return q[0], q[1], q[2]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--store", required=True, help="the SQLite sample store a profile was fitted from")
+    ap.add_argument("--points", type=int, default=40)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+
+    from neox_perf.calibration.bench import Protocol, Timer, measure
+    from neox_perf.calibration.launch import use_caching_malloc
+    from neox_perf.calibration.store import SampleStore, StoreError
+    from neox_perf.calibration.sweep import pick_threads, pinned_threads
+
+    try:
+        with SampleStore(args.store) as store:
+            samples = store.samples()
+    except StoreError as exc:
+        sys.stderr.write(f"drift_probe: {exc}\n")
+        return 2
+    chosen = pick(samples, args.points, args.seed)
+    if not chosen:
+        sys.stderr.write(f"drift_probe: {args.store}: no calibration samples of 1-200 ms\n")
+        return 2
+    use_caching_malloc()  # as calibrate times them: large CPU tensors recycled, no page faults
+    timer, protocol = Timer(), Protocol(warmup=1, repeats=5, min_seconds=0.05, max_repeats=50)
+    ratios, by_op, started = [], defaultdict(list), time.monotonic()
+    with pinned_threads(pick_threads(None, "cpu")):
+        for s in chosen:
+            now = measure(s.op, s.phase, s.features, timer=timer, protocol=protocol,
+                          dtype=s.dtype).aggregate.median
+            ratios.append(now / s.median)
+            by_op[s.op].append(now / s.median)
+    q1, med, q3 = quartiles(ratios)
+    out = {"store": args.store, "points": len(ratios), "ratio_now_over_calibration":
+           {"median": med, "q1": q1, "q3": q3},
+           "by_op": {op: statistics.median(r) for op, r in sorted(by_op.items())},
+           "calibrated": time.strftime("%Y-%m-%d %H:%M", time.localtime(max(s.created for s in chosen))),
+           "seconds": time.monotonic() - started}
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    print(f"{len(ratios)} stored points re-timed in {out['seconds']:.0f} s; now / at calibration "
+          f"({out['calibrated']}): median {med:.3f}, IQR {q1:.3f}-{q3:.3f} "
+          f"({'slower' if med > 1 else 'faster'} by {abs(med - 1) * 100:.1f}%)")
+    print("  " + ", ".join(f"{op} {r:.2f}" for op, r in out["by_op"].items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

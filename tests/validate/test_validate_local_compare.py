@@ -1,0 +1,66 @@
+"""benchmarks/validate_local.py compares profiles on one set of measurements: `--measured`
+re-predicts a saved run with several profiles, launching nothing (a shared box drifts by
+10-30% between launches, so two profiles are never compared on two runs)."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "validate_local.py"
+CONFIGS = ["pp1-dp2-layernorm.yml", "pp2-untied-layernorm.yml"]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("validate_local", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_measured_file_is_repredicted_by_each_profile(tmp_path, capsys):
+    measured = {"results": [{"config": [f"/elsewhere/{name}"], "measured_seconds": 2.0 + i}
+                            for i, name in enumerate(CONFIGS)]}  # saved on another checkout
+    path = tmp_path / "measured.json"
+    path.write_text(json.dumps(measured))
+    rc = _script().main(["--measured", str(path), "--cluster", "perlmutter-a100",
+                         "--compare", "vista-gh200", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    comp = out["comparison"]
+    assert comp["clusters"] == ["perlmutter-a100", "vista-gh200"]
+    assert [r["config"] for r in comp["rows"]] == CONFIGS
+    for row in comp["rows"]:
+        a, b = (row["predicted"][n] for n in comp["clusters"])
+        assert a["seconds"] != b["seconds"]  # two profiles, two predictions of one measurement
+        for p in (a, b):
+            assert p["error"] == pytest.approx(p["seconds"] / row["measured_seconds"] - 1.0)
+    for name, s in comp["summary"].items():
+        errors = [r["predicted"][name]["error"] for r in comp["rows"]]
+        assert s["mape"] == pytest.approx(100 * sum(map(abs, errors)) / len(errors))
+        assert s["mean_signed"] == pytest.approx(100 * sum(errors) / len(errors))
+        assert abs(s["worst"]["error"]) == pytest.approx(100 * max(map(abs, errors)))
+
+
+def test_measured_file_text_table(tmp_path, capsys):
+    path = tmp_path / "measured.json"
+    path.write_text(json.dumps({"results": [{"config": [CONFIGS[0]], "measured_seconds": 1.5}]}))
+    assert _script().main(["--measured", str(path), "--cluster", "perlmutter-a100"]) == 0
+    text = capsys.readouterr().out
+    assert CONFIGS[0] in text and "perlmutter-a100: MAPE" in text and "mean signed" in text
+
+
+def test_validate_summary_reports_the_sign_the_absolute_mean_hides():
+    from neox_perf.commands.validate import ConfigValidation, ValidateResult
+
+    def row(pred, meas):
+        return ConfigValidation(config=["x.yml"], layout={}, predicted_seconds=pred,
+                                measured_seconds=meas, measured_median_seconds=meas, iterations=3,
+                                warmup=2, components=[], stages=[])
+    result = ValidateResult(cluster="local", gpus=2, results=[row(0.9, 1.0), row(1.3, 1.0)])
+    d = result.to_dict()
+    assert d["mean_absolute_percentage_error"] == pytest.approx(20.0)
+    assert d["mean_signed_percentage_error"] == pytest.approx(10.0)
+    assert d["max_absolute_percentage_error"] == pytest.approx(30.0)
+    assert ValidateResult(cluster="local", gpus=2).to_dict()["mean_signed_percentage_error"] is None
