@@ -76,3 +76,16 @@ def sigkill_once():
             proc.send_signal(signal.SIGKILL)
             proc.wait()
     return kill
+
+
+@pytest.fixture
+def benchmark_script():
+    """A script of benchmarks/ loaded as a module (they are scripts, not a package)."""
+    import importlib.util
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+    return load

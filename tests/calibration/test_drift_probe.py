@@ -1,8 +1,6 @@
 """benchmarks/drift_probe.py re-times stored calibration points with the calibration's own code
 and reports now / then: a store whose times were recorded 1000x too slow reads as far faster."""
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
@@ -10,17 +8,8 @@ pytest.importorskip("torch")
 
 from neox_perf.calibration.store import SampleStore  # noqa: E402
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "drift_probe.py"
 
-
-def _probe():
-    spec = importlib.util.spec_from_file_location("drift_probe", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_ratio_now_over_calibration(tmp_path, capsys):
+def test_ratio_now_over_calibration(tmp_path, capsys, benchmark_script):
     path = tmp_path / "s.sqlite"
     with SampleStore(path) as store:
         dev = store.register_device({"device": "cpu-test"})
@@ -32,7 +21,7 @@ def test_ratio_now_over_calibration(tmp_path, capsys):
                          dtype="fp32")  # outside 1-200 ms: never picked
         store.add_sample("allreduce", "comm", {"elements": 1024, "nodes": 1, "gpus_per_node": 2},
                          0.01, device=dev, run=run, dtype="fp32")  # a collective: never picked
-    assert _probe().main(["--store", str(path), "--points", "10", "--json"]) == 0
+    assert benchmark_script("drift_probe").main(["--store", str(path), "--points", "10", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["points"] == 2
     ratio = out["ratio_now_over_calibration"]
@@ -40,9 +29,9 @@ def test_ratio_now_over_calibration(tmp_path, capsys):
     assert set(out["by_op"]) == {"res_add"}
 
 
-def test_not_a_store_is_one_line(tmp_path, capsys):
+def test_not_a_store_is_one_line(tmp_path, capsys, benchmark_script):
     bad = tmp_path / "x.sqlite"
     bad.write_text("not sqlite")
-    assert _probe().main(["--store", str(bad)]) == 2
+    assert benchmark_script("drift_probe").main(["--store", str(bad)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("drift_probe: ") and err.count("\n") == 1

@@ -1,30 +1,19 @@
 """benchmarks/validate_local.py compares profiles on one set of measurements: `--measured`
 re-predicts a saved run with several profiles, launching nothing (a shared box drifts by
 10-30% between launches, so two profiles are never compared on two runs)."""
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "benchmarks" / "validate_local.py"
 CONFIGS = ["pp1-dp2-layernorm.yml", "pp2-untied-layernorm.yml"]
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("validate_local", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_measured_file_is_repredicted_by_each_profile(tmp_path, capsys):
+def test_measured_file_is_repredicted_by_each_profile(tmp_path, capsys, benchmark_script):
     measured = {"results": [{"config": [f"/elsewhere/{name}"], "measured_seconds": 2.0 + i}
                             for i, name in enumerate(CONFIGS)]}  # saved on another checkout
     path = tmp_path / "measured.json"
     path.write_text(json.dumps(measured))
-    rc = _script().main(["--measured", str(path), "--cluster", "perlmutter-a100",
+    rc = benchmark_script("validate_local").main(["--measured", str(path), "--cluster", "perlmutter-a100",
                          "--compare", "vista-gh200", "--json"])
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
@@ -43,10 +32,10 @@ def test_measured_file_is_repredicted_by_each_profile(tmp_path, capsys):
         assert abs(s["worst"]["error"]) == pytest.approx(100 * max(map(abs, errors)))
 
 
-def test_measured_file_text_table(tmp_path, capsys):
+def test_measured_file_text_table(tmp_path, capsys, benchmark_script):
     path = tmp_path / "measured.json"
     path.write_text(json.dumps({"results": [{"config": [CONFIGS[0]], "measured_seconds": 1.5}]}))
-    assert _script().main(["--measured", str(path), "--cluster", "perlmutter-a100"]) == 0
+    assert benchmark_script("validate_local").main(["--measured", str(path), "--cluster", "perlmutter-a100"]) == 0
     text = capsys.readouterr().out
     assert CONFIGS[0] in text and "perlmutter-a100: MAPE" in text and "mean signed" in text
 
