@@ -4,7 +4,7 @@ A profile predicts the machine as it was while `calibrate` ran. A shared or clou
 (other tenants, frequency, thermal state): on the development box, identical launches minutes
 apart differed by 10-30%. This picks a seeded sample of the store's own calibration points
 (1-200 ms each, every operator), times them again now with the calibration's benchmark code
-and protocol, and prints the ratio now / then per operator and overall (median, IQR). A
+and the protocol its run recorded, and prints the ratio now / then per operator and overall (median, IQR). A
 validation run's signed error is only meaningful next to this ratio taken at the same time.
 
     python benchmarks/drift_probe.py --store ~/.cache/neox-perf/stores/local.sqlite [--points 40]
@@ -20,13 +20,25 @@ import time
 from collections import defaultdict
 
 
-def pick(samples, points: int, seed: int):
-    """Up to `points` calibration samples of 1-200 ms, spread over the operators."""
+PROTOCOL_KEYS = ("warmup", "repeats", "min_seconds", "max_repeats")  # as calibrate records them
+
+
+def protocols(runs) -> dict:
+    """Run id -> the protocol that calibration run timed its points with (its recorded info)."""
+    from neox_perf.calibration.bench import Protocol
+    return {r["id"]: Protocol(*(r["info"][k] for k in PROTOCOL_KEYS)) for r in runs
+            if r["kind"] == "calibrate" and all(k in r["info"] for k in PROTOCOL_KEYS)}
+
+
+def pick(samples, points: int, seed: int, timed_runs):
+    """Up to `points` calibration samples of 1-200 ms, spread over the operators, from runs
+    whose protocol is known."""
     from neox_perf.opspec import OPERATORS
 
     by_op = defaultdict(list)
     for s in samples:  # operators only: collectives need every rank
-        if s.op in OPERATORS and s.source == "calibrate" and 1e-3 <= s.median <= 0.2:
+        if (s.op in OPERATORS and s.source == "calibrate" and s.run_id in timed_runs
+                and 1e-3 <= s.median <= 0.2):
             by_op[s.op].append(s)
     rng = random.Random(seed)
     per_op = max(1, points // max(1, len(by_op)))
@@ -34,12 +46,7 @@ def pick(samples, points: int, seed: int):
     for op in sorted(by_op):
         rows = sorted(by_op[op], key=lambda s: s.id)
         chosen += rng.sample(rows, min(per_op, len(rows)))
-    return chosen[:points] if len(chosen) > points else chosen
-
-
-def quartiles(xs):
-    q = statistics.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
-    return q[0], q[1], q[2]
+    return chosen[:points]
 
 
 def main(argv=None) -> int:
@@ -50,31 +57,34 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
 
-    from neox_perf.calibration.bench import Protocol, Timer, measure
+    from neox_perf.calibration.bench import Timer, aggregate, measure
     from neox_perf.calibration.launch import use_caching_malloc
     from neox_perf.calibration.store import SampleStore, StoreError
     from neox_perf.calibration.sweep import pick_threads, pinned_threads
 
     try:
         with SampleStore(args.store) as store:
-            samples = store.samples()
+            samples, runs = store.samples(), store.runs()
     except StoreError as exc:
         sys.stderr.write(f"drift_probe: {exc}\n")
         return 2
-    chosen = pick(samples, args.points, args.seed)
+    protocol_of = protocols(runs)
+    chosen = pick(samples, args.points, args.seed, protocol_of)
     if not chosen:
-        sys.stderr.write(f"drift_probe: {args.store}: no calibration samples of 1-200 ms\n")
+        sys.stderr.write(f"drift_probe: {args.store}: no calibration samples of 1-200 ms "
+                         f"with a recorded protocol\n")
         return 2
     use_caching_malloc()  # as calibrate times them: large CPU tensors recycled, no page faults
-    timer, protocol = Timer(), Protocol(warmup=1, repeats=5, min_seconds=0.05, max_repeats=50)
+    timer = Timer()
     ratios, by_op, started = [], defaultdict(list), time.monotonic()
     with pinned_threads(pick_threads(None, "cpu")):
         for s in chosen:
-            now = measure(s.op, s.phase, s.features, timer=timer, protocol=protocol,
+            now = measure(s.op, s.phase, s.features, timer=timer, protocol=protocol_of[s.run_id],
                           dtype=s.dtype).aggregate.median
             ratios.append(now / s.median)
             by_op[s.op].append(now / s.median)
-    q1, med, q3 = quartiles(ratios)
+    spread = aggregate(ratios)
+    q1, med, q3 = spread.q1, spread.median, spread.q3
     out = {"store": args.store, "points": len(ratios), "ratio_now_over_calibration":
            {"median": med, "q1": q1, "q3": q3},
            "by_op": {op: statistics.median(r) for op, r in sorted(by_op.items())},

@@ -171,11 +171,11 @@ def _repredict(args, configs) -> int:
     import json
 
     data = json.loads(Path(args.measured).read_text())
-    by_name = {Path(c).name: c for c in map(str, configs)}
+    wanted = {c.name for c in configs}
     measured = []
     for r in data["results"]:
         cfg = Path(r["config"][-1])
-        if args.configs and cfg.name not in by_name:
+        if args.configs and cfg.name not in wanted:
             continue
         if not cfg.is_file():  # saved on another checkout: the same file name here
             cfg = HERE / "validation" / cfg.name

@@ -33,7 +33,6 @@ OPTIMIZER_PHASE = "step"  # the optimizer has one phase; it is neither forward n
 # so a causal query is the non-causal prediction scaled through the FLOP term of the baseline
 # (see predictors); a local profile samples causal=1 itself (the CPU kernel's blocks differ).
 CAUSAL_TILE = 128
-CAUSAL_WORK_FRACTION = 0.5  # the limit for l >> CAUSAL_TILE
 
 
 def causal_work_fraction(l):

@@ -13,7 +13,11 @@ def test_ratio_now_over_calibration(tmp_path, capsys, benchmark_script):
     path = tmp_path / "s.sqlite"
     with SampleStore(path) as store:
         dev = store.register_device({"device": "cpu-test"})
-        run = store.register_run("calibrate", device=dev, plan="quick")
+        run = store.register_run("calibrate", device=dev, plan="quick", info={
+            "warmup": 1, "repeats": 3, "min_seconds": 0.0, "max_repeats": 3})  # as calibrate records
+        untimed = store.register_run("calibrate", device=dev, plan="quick")  # no protocol: never picked
+        store.add_sample("res_add", "fwd", {"tokens": 16, "d": 256}, 0.05, device=dev, run=untimed,
+                         dtype="fp32")
         for d in (32, 64):  # tiny ops (tens of us) stored as if they had taken 50 ms
             store.add_sample("res_add", "fwd", {"tokens": 16, "d": d}, 0.05, device=dev, run=run,
                              dtype="fp32")
