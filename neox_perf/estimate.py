@@ -91,7 +91,7 @@ class _Cache:
                 self._cover(call)
                 if getattr(pred, "extrapolated", False):
                     self.extrapolated.add(key)
-                self.memo[key] = self.terms.operator(call.op, float(pred.seconds))
+                self.memo[key] = self.terms.operator(call.op, float(pred.seconds), call.launches)
             return self.memo[key]
         if self.engine is not None and call.purpose in ("mp_allreduce", "dp_allreduce", "dp_allgather"):
             measured = (self.engine.tp_allreduce(call) if call.purpose == "mp_allreduce"
@@ -110,7 +110,7 @@ class _Cache:
 
     def key(self, call) -> tuple:
         if isinstance(call, OpCall):
-            return ("op", call.op, call.phase, call.features)
+            return ("op", call.op, call.phase, call.features, call.launches)
         return ("comm", call.kind, call.purpose, call.elements, call.nodes, call.gpus_per_node)
 
     def _cover(self, call) -> None:

@@ -43,6 +43,10 @@ class OpCall:
     scope: str  # layer | embedding | head | loss | recompute | optimizer
     flops: float  # per call
     bytes: float  # per call
+    # framework calls one call of the operator issues: each pays the host's dispatch cost
+    # (StepTerms.dispatch_s), so an operator the program runs as several small kernels is
+    # host-bound sooner than its one sampled timing says
+    launches: int = 1
 
     def feature_dict(self) -> Dict[str, float]:
         return dict(self.features)
@@ -145,7 +149,8 @@ def group_placement(size: int, stride: int, gpus_per_node: int,
     return worst
 
 
-def _call(op: str, phase: str, count: float, scope: str, dtype_bytes: int, **features) -> OpCall:
+def _call(op: str, phase: str, count: float, scope: str, dtype_bytes: int, launches: int = 1,
+          **features) -> OpCall:
     feats = tuple(sorted((k, float(v)) for k, v in features.items()))
     fd = dict(feats)
     if op == "optimizer":
@@ -154,13 +159,31 @@ def _call(op: str, phase: str, count: float, scope: str, dtype_bytes: int, **fea
         phase_key = phase
     return OpCall(op, phase, feats, float(count), scope,
                   float(op_flops(op, phase_key, fd, dtype_bytes)),
-                  float(op_bytes(op, phase_key, fd, dtype_bytes)))
+                  float(op_bytes(op, phase_key, fd, dtype_bytes)), int(launches))
 
 
 def mlp_widths(cfg: NeoxConfig) -> Tuple[int, int]:
     """(linear1 output, linear2 input) widths: derive.params holds NeoX's ParallelMLP rule."""
     from .derive.params import mlp_widths as model_mlp_widths
     return model_mlp_widths(cfg.model)
+
+
+def _unfused_softmax_launches(cfg: NeoxConfig, precision: str) -> Tuple[Tuple[int, int], Tuple[int, int]]:
+    """(fwd, bwd) framework calls of NeoX's unfused softmax path, for the fillmask and the
+    softmax operator: FusedScaleMaskSoftmax.forward_torch_softmax upcasts 16-bit scores when
+    the softmax runs in fp32 (attention_softmax_in_fp32, forced by
+    apply_query_key_layer_scaling), multiplies by the layer-number scale under
+    apply_query_key_layer_scaling, masks (gpt2_attention_mask_func builds the mask value as a
+    device tensor, then masked_fill_), runs the softmax and casts back. Autograd runs one
+    backward call per forward call that carries a gradient (the mask value's tensor has none)."""
+    from .derive.options import DeriveOptions
+    opts = DeriveOptions.from_values(cfg.values)
+    half = precision in ("fp16", "bfloat16")
+    fp32 = int(half and (opts.attention_softmax_in_fp32 or opts.apply_query_key_layer_scaling))
+    scale = int(opts.apply_query_key_layer_scaling)
+    mask = (2 + scale + fp32, 1 + scale + fp32)
+    soft = (1 + fp32, 1 + fp32)
+    return mask, soft
 
 
 def _layer_calls(cfg: NeoxConfig, dt: int, mp_group: Tuple[int, int], notes: List[str],
@@ -174,9 +197,9 @@ def _layer_calls(cfg: NeoxConfig, dt: int, mp_group: Tuple[int, int], notes: Lis
     fwd: List[object] = []
     bwd: List[object] = []
 
-    def both(op, count=1, **f):
-        fwd.append(_call(op, "fwd", count, "layer", dt, **f))
-        bwd.append(_call(op, "bwd", count, "layer", dt, **f))
+    def both(op, count=1, launches=(1, 1), **f):
+        fwd.append(_call(op, "fwd", count, "layer", dt, launches[0], **f))
+        bwd.append(_call(op, "bwd", count, "layer", dt, launches[1], **f))
 
     both(norm, 2, tokens=tokens, d=d)  # input_layernorm and post_attention_layernorm
     both("linear1", m=tokens, k=d, n=(d + 2 * m.num_kv_heads * hd) // mp)
@@ -200,8 +223,9 @@ def _layer_calls(cfg: NeoxConfig, dt: int, mp_group: Tuple[int, int], notes: Lis
         if fused:
             both("fused_softmax", batch=batch, l=l)
         else:
-            both("fillmask", batch=batch, l=l)
-            both("softmax", batch=batch, l=l)
+            mask, soft = _unfused_softmax_launches(cfg, precision)
+            both("fillmask", batch=batch, l=l, launches=mask)
+            both("softmax", batch=batch, l=l, launches=soft)
         both("av", batch=batch, l=l, head_dim=hd)
     both("linear2", m=tokens, k=d // mp, n=d)
     both("linear3", m=tokens, k=d, n=ffn_out // mp)

@@ -27,7 +27,7 @@ FITTED = ("compute_scale", "memory_scale", "dispatch_s", "tp_sync_s", "p2p_s", "
 class StepTerms:
     compute_scale: float = 1.0  # in-situ time of compute-bound operators / their isolated time
     memory_scale: float = 1.0  # the same for memory-bound operators (norms, softmax, loss, Adam)
-    dispatch_s: float = 0.0  # host time to issue one operator: a shorter one leaves the GPU idle
+    dispatch_s: float = 0.0  # host time to issue one framework call: a shorter kernel leaves the GPU idle
     # a tensor-parallel all-reduce waits for its slowest rank: seconds per doubling of the group
     tp_sync_s: float = 0.0
     p2p_s: float = 0.0  # per pipeline send: the blocking handshake beyond the transfer itself
@@ -49,10 +49,11 @@ class StepTerms:
     def identity(self) -> bool:
         return self == StepTerms()
 
-    def operator(self, op: str, seconds: float) -> float:
-        """In-situ seconds of one operator call measured `seconds` in isolation."""
+    def operator(self, op: str, seconds: float, launches: int = 1) -> float:
+        """In-situ seconds of one operator call measured `seconds` in isolation that issues
+        `launches` framework calls."""
         scale = self.compute_scale if op in COMPUTE_BOUND else self.memory_scale
-        return max(scale * seconds, self.dispatch_s)
+        return max(scale * seconds, launches * self.dispatch_s)
 
     def per_micro_batch(self, pipeline_engine: bool) -> float:
         return self.micro_batch_s + (self.pipeline_micro_batch_s if pipeline_engine else 0.0)

@@ -7,7 +7,10 @@ so a row is predicted exactly as `neox-perf check` would predict it.
 
 What the source does not state is assumed, as its README reads it: Megatron GPT (learned
 positions, LayerNorm, GeLU, tied embeddings, fused softmax), fp16, GPT-2 vocabulary 50257,
-activation checkpointing on, plain data parallel (no ZeRO). Megatron-DeepSpeed builds the
+activation checkpointing on, plain data parallel (no ZeRO). One default is Megatron-DeepSpeed's
+own, read from its megatron/arguments.py: Q.K^T is scaled by the layer number
+(`--no-query-key-layer-scaling` turns it off), which runs the softmax in fp32 -- NeoX's
+apply_query_key_layer_scaling. Megatron-DeepSpeed builds the
 pipeline engine only when pp > 1, which in NeoX terms is pipe_parallel_size 0 for pp = 1.
 """
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import List, Optional, Sequence, Tuple
 VTRAIN_CSV = Path("data") / "vtrain-a100" / "single_node_runs.csv"
 VTRAIN_VOCAB = 50257  # GPT-2 BPE, padded by NeoX's (= Megatron's) rule
 ASSUMPTIONS = ("Megatron GPT: learned positions, LayerNorm, GeLU, tied embeddings, fused softmax; "
-               "fp16; GPT-2 vocabulary 50257; activation checkpointing; no ZeRO; "
+               "query-key layer scaling (Megatron-DeepSpeed's default: softmax in fp32); fp16; GPT-2 vocabulary 50257; activation checkpointing; no ZeRO; "
                "pp = 1 runs without the pipeline engine")
 
 
@@ -56,6 +59,7 @@ class Run:
             "max_position_embeddings": self.seq_len, "pos_emb": "learned", "norm": "layernorm",
             "activation": "gelu", "no_weight_tying": False,
             "scaled_upper_triang_masked_softmax_fusion": True, "bias_gelu_fusion": True,
+            "apply_query_key_layer_scaling": True,
             "attention_config": [[["global"], self.layers]],
             "tokenizer_type": "GPT2BPETokenizer",
             "fp16": {"enabled": True}, "precision": "fp16",

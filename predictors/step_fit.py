@@ -3,8 +3,8 @@
 An iteration is a max-plus composition (the 1F1B timeline) of stage costs that are linear in
 every step term, so around any point it is linear in them: T(theta) = c0 + F . theta, exact as
 long as the critical path does not move. Each run's F and c0 come from the real prediction
-path (finite differences of `estimate`), the terms from bounded linear least squares on the
-relative error, and the linearisation is refreshed at the fitted point until it settles.
+path (finite differences of `estimate`), the terms from bounded robust (soft-L1) least squares
+on the relative error, and the linearisation is refreshed at the fitted point until it settles.
 Cross-validation is by layout: the terms predicting a (tp, dp, pp) class are fitted on the
 other classes only, and the held-out runs are predicted through the real (nonlinear) path.
 """
@@ -67,16 +67,36 @@ def linearise(cases: Sequence[Case], profile, terms: StepTerms,
     return F, base - F @ theta
 
 
+# The fit weighs each run's relative error with a soft-L1 loss: quadratic up to ROBUST_SCALE,
+# linear beyond. The benchmark judges by mean absolute percentage error, and a few layouts sit
+# 30% off for reasons no term here names (e.g. vTrain's tp 4, hidden 2048 runs at micro-batch 2
+# are faster than at micro-batch 1); squared error would let them pull every term.
+ROBUST_SCALE = 0.05
+
+
 def solve(F: np.ndarray, c0: np.ndarray, measured: np.ndarray,
-          names: Sequence[str] = FITTED) -> np.ndarray:
-    """Bounded least squares on the relative error (c0 + F theta) / measured - 1."""
+          names: Sequence[str] = FITTED, rounds: int = 50) -> np.ndarray:
+    """Bounded robust least squares on the relative error (c0 + F theta) / measured - 1, by
+    iteratively reweighted bounded least squares: each run weighs 1 / sqrt(1 + (r / scale)^2),
+    the soft-L1 weight at its current residual r. The loss is convex, so the reweighting
+    converges to its one minimum from any start."""
     from scipy.optimize import lsq_linear
     A = F / measured[:, None]
     b = 1.0 - c0 / measured
     lo = np.array([BOUNDS[n][0] for n in names])
     hi = np.array([BOUNDS[n][1] for n in names])
-    # bvls can land a hair outside its bounds
-    return np.clip(lsq_linear(A, b, bounds=(lo, hi), method="bvls").x, lo, hi)
+    w = np.ones(len(b))
+    theta = None
+    for _ in range(rounds):
+        sw = np.sqrt(w)[:, None]
+        # bvls can land a hair outside its bounds
+        new = np.clip(lsq_linear(A * sw, b * sw[:, 0], bounds=(lo, hi), method="bvls").x, lo, hi)
+        if theta is not None and np.allclose(new, theta, rtol=1e-6, atol=1e-12):
+            return new
+        theta = new
+        r = A @ theta - b
+        w = 1.0 / np.sqrt(1.0 + (r / ROBUST_SCALE) ** 2)
+    return theta
 
 
 # The dispatch floor max(t, dispatch_s) has no slope at dispatch_s = 0 (no operator is below

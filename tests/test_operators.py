@@ -81,6 +81,29 @@ def test_fused_softmax_only_where_neox_uses_the_kernel(write_yaml):
     assert {"fillmask", "softmax"} <= ops and "fused_softmax" not in ops
 
 
+@pytest.mark.parametrize("extra, precision, fwd, bwd", [
+    # NeoX's default: the mask value becomes a device tensor, then masked_fill_, then softmax
+    ("", "fp16: {enabled: true}\n", (2, 1), (1, 1)),
+    # softmax in fp32: upcast before the mask, downcast after the softmax
+    ("attention_softmax_in_fp32: true\n", "fp16: {enabled: true}\n", (3, 2), (2, 2)),
+    # layer-number scaling forces fp32 and adds the scale's multiply
+    ("apply_query_key_layer_scaling: true\n", "fp16: {enabled: true}\n", (4, 2), (3, 2)),
+    # fp32 scores need no casts
+    ("apply_query_key_layer_scaling: true\n", "fp16: {enabled: false}\n", (3, 1), (2, 1)),
+])
+def test_unfused_softmax_counts_its_framework_calls(write_yaml, extra, precision, fwd, bwd):
+    # seq 4096 is past the fused kernel's 2048: NeoX runs forward_torch_softmax
+    body = BASE.replace("fp16: {enabled: true}\n", precision)
+    path = write_yaml("c.yml", body + extra + "seq_length: 4096\nmax_position_embeddings: 4096\n")
+    cfg, _, _ = build(load_files([path]), WorldRequest(gpus=8, gpus_per_node=4))
+    st = decompose(cfg, 50304, shapes(1)).stages[0]
+    launches = {(c.op, c.phase): c.launches for c in st.layer_forward + st.layer_backward
+                if isinstance(c, OpCall)}
+    assert (launches["fillmask", "fwd"], launches["softmax", "fwd"]) == fwd
+    assert (launches["fillmask", "bwd"], launches["softmax", "bwd"]) == bwd
+    assert launches["linear1", "fwd"] == launches["layernorm", "bwd"] == 1
+
+
 def test_pipeline_p2p_and_dp_buckets(write_yaml):
     cfg = cfg_of(write_yaml, "pipe_parallel_size: 2\nmodel_parallel_size: 2\n", gpus=8, gpn=4)
     d = decompose(cfg, 51200, shapes(2, params=2_500_000))

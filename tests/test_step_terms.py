@@ -43,6 +43,9 @@ def test_operator_semantics():
     assert t.operator("linear1", 1e-3) == pytest.approx(1.1e-3)
     assert t.operator("layernorm", 1e-3) == pytest.approx(1.5e-3)
     assert t.operator("layernorm", 1e-6) == pytest.approx(5e-5)  # host-bound: the GPU waits
+    # an operator the program issues as 4 calls waits for the host 4 times
+    assert t.operator("fillmask", 1e-6, launches=4) == pytest.approx(2e-4)
+    assert t.operator("linear1", 1e-3, launches=4) == pytest.approx(1.1e-3)  # the GPU is the bound
     assert t.collective("mp_allreduce", 8, 0.0) == 0.0  # no group, no wait
     assert StepTerms(tp_sync_s=1e-5).collective("mp_allreduce", 8, 1e-4) == pytest.approx(1e-4 + 3e-5)
 
