@@ -33,6 +33,9 @@ from .opspec import op_bytes, op_flops
 
 Features = Tuple[Tuple[str, float], ...]
 
+# the bundled GPU samples are fp16; a profile calibrated in fp32 drops this (predict.predict)
+FP32_FROM_FP16 = "fp32 training is predicted from fp16 operator samples"
+
 
 @dataclass(frozen=True)
 class OpCall:
@@ -354,7 +357,7 @@ def decompose(cfg: NeoxConfig, padded_vocab: int, stages: Sequence[StageShape],
     if par.sequence_parallel and mp > 1:
         notes.append("sequence_parallel is predicted as plain tensor parallelism")
     if precision is None and tr.precision == "fp32":  # an explicit precision is the caller's word
-        notes.append("fp32 training is predicted from fp16 operator samples")
+        notes.append(FP32_FROM_FP16)
     return Decomposition(tuple(out), tr.gradient_accumulation_steps, dt, tuple(dict.fromkeys(notes)),
                          zero_stage=tr.zero_stage, precision=run_precision,
                          pipeline_engine=par.pipe_parallel_size >= 1)

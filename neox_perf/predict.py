@@ -7,12 +7,12 @@ whose failures are one line naming the cluster and the fix.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 from .errors import UsageError
 from .estimate import IterationEstimate, estimate
-from .operators import Decomposition, decompose, stage_shapes
+from .operators import FP32_FROM_FP16, Decomposition, decompose, stage_shapes
 
 __all__ = ["Prediction", "stage_shapes", "predict", "load_cluster"]
 
@@ -36,7 +36,15 @@ def predict(cfg, derived, profile, *, precision: Optional[str] = None,
     """
     decomp = decompose(cfg, derived.padded_vocab, stage_shapes(derived, transformer_layers),
                        precision=precision)
+    if _sample_dtype(profile) == "fp32" and FP32_FROM_FP16 in decomp.notes:
+        decomp = replace(decomp, notes=tuple(n for n in decomp.notes if n != FP32_FROM_FP16))
     return Prediction(decomp, estimate(decomp, profile))
+
+
+def _sample_dtype(profile) -> Optional[str]:
+    """The dtype a calibrated profile's operator samples ran in (None: not recorded)."""
+    calibration = (getattr(profile, "manifest", None) or {}).get("calibration")
+    return calibration.get("dtype") if isinstance(calibration, dict) else None
 
 
 def load_cluster(name: Optional[str]):

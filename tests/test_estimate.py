@@ -82,3 +82,19 @@ def test_extrapolation_flags_reach_the_estimate(write_yaml):
     cfg, _, _ = build(load_files([write_yaml("c.yml", BASE)]), WorldRequest(gpus=1))
     est = estimate(decompose(cfg, 50304, [StageShape(0, 8, True, True, 10)]), RooflineProfile("linear3"))
     assert [f.what for f in est.flags] == ["linear3 bwd", "linear3 fwd"]
+
+
+def test_the_fp32_note_names_fp16_samples_only_when_they_are(write_yaml):
+    """An fp32 config predicted from the bundled fp16 GPU samples says so; a profile whose
+    own samples ran in fp32 (a CPU calibration) has nothing to warn about."""
+    from neox_perf.derive import derive
+    from neox_perf.operators import FP32_FROM_FP16
+    from neox_perf.predict import predict
+    path = write_yaml("c.yml", BASE.replace("fp16: {enabled: true}", "fp16: {enabled: false}"))
+    cfg, _, _ = build(load_files([path]), WorldRequest(gpus=1, gpus_per_node=1))
+    derived = derive(cfg, 50257)
+    gpu = RooflineProfile()
+    assert FP32_FROM_FP16 in predict(cfg, derived, gpu).decomposition.notes
+    cpu = RooflineProfile()
+    cpu.manifest = {"calibration": {"dtype": "fp32", "device": "cpu"}}
+    assert FP32_FROM_FP16 not in predict(cfg, derived, cpu).decomposition.notes

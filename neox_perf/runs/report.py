@@ -276,7 +276,8 @@ def build(run_dir: str, cluster: Optional[str] = None, profile=None, top: int = 
         notes.append(n)
     if facts.get("missing"):
         notes.append("could not read from the engine: " + ", ".join(facts["missing"]))
-    if profile is not None and facts.get("device_type") == "cpu":
+    calibrated_on = ((getattr(profile, "manifest", None) or {}).get("calibration") or {}).get("device")
+    if profile is not None and facts.get("device_type") == "cpu" and calibrated_on != "cpu":
         notes.append(f"this run ran on CPU; profile {profile.name} models "
                      f"{profile.facts.gpu_name}: expect large errors")
     launched = _launch_record(run_dir)

@@ -268,3 +268,18 @@ def test_bad_input_is_one_line_naming_the_path_and_the_fix(hooked, tmp_path):
     assert env["exit_code"] == 2 and "no-such-cluster" in env["error"]["message"]
     _one_line(_calibrate(["--cluster", cluster, "--from-run", str(hooked["run_dir"]), "--store",
                           str(tmp_path / "none.sqlite")], home, tmp_path), "none.sqlite", "fix:")
+
+
+def test_a_cpu_profile_on_a_cpu_run_has_no_gpu_warnings(hooked, tiny_home, tmp_path):
+    """The report's warnings about a GPU profile on a CPU run (large errors, fp16 samples for
+    fp32 training) belong to the bundled profiles, not to one calibrated on this machine."""
+    run = str(hooked["run_dir"])
+    env = base_env(NEOX_PERF_HOME=str(tiny_home))
+    mine = cli(["report", run, "--cluster", "tiny", "--json"], cwd=tmp_path, env=env)
+    assert mine.returncode == 0, mine.stderr[-3000:]
+    notes = " ".join(json.loads(mine.stdout)["notes"])
+    assert "expect large errors" not in notes and "fp16 operator samples" not in notes
+    if hooked["cluster"]:
+        bundled = cli(["report", run, "--cluster", hooked["cluster"], "--json"], cwd=tmp_path, env=env)
+        notes = " ".join(json.loads(bundled.stdout)["notes"])
+        assert "expect large errors" in notes
