@@ -82,6 +82,32 @@ def test_fit_recovers_known_terms(profile, cases):
     assert fitted.micro_batch_s + fitted.pipeline_micro_batch_s > 1e-3
 
 
+def test_solve_is_not_pulled_by_a_few_runs_no_term_explains():
+    """Two parameters, 40 runs on the line, 4 runs 30% off: the soft-L1 fit stays near the
+    line where squared error moves off it; and bounds hold."""
+    from scipy.optimize import lsq_linear
+    rng = np.random.default_rng(0)
+    names = ("compute_scale", "dispatch_s")
+    truth = np.array([1.1, 1e-4])
+    F = np.column_stack([rng.uniform(0.5, 2.0, 44), rng.uniform(100, 2000, 44)])
+    c0 = rng.uniform(0.0, 0.2, 44)
+    measured = c0 + F @ truth
+    measured[:4] *= 1.3  # runs the model cannot explain
+    got = step_fit.solve(F, c0, measured, names)
+    lo = [step_fit.BOUNDS[n][0] for n in names]
+    hi = [step_fit.BOUNDS[n][1] for n in names]
+    squared = lsq_linear(F / measured[:, None], 1 - c0 / measured, bounds=(lo, hi)).x
+    # soft-L1 is not redescending: the outliers still lean on it, a third as hard at most
+    assert np.all(np.abs(got / truth - 1) < np.abs(squared / truth - 1) / 3)
+    assert got == pytest.approx(truth, rel=0.1)
+
+    def clean_error(theta):
+        return np.median(np.abs((c0 + F @ theta) / measured - 1)[4:])
+    assert clean_error(got) < 0.005 < clean_error(squared)
+    # a term the data would drive negative stops at its bound
+    assert step_fit.solve(F, c0 + 10.0, measured, names)[1] == 0.0
+
+
 def test_cross_validation_predicts_every_held_out_group(profile, cases):
     at = StepTerms(dispatch_s=3e-5)
     cv = step_fit.cross_validate(cases, profile, at)
