@@ -11,7 +11,9 @@ its profiling windows). Then:
 - loss identity: the first layout again without the hook, losses compared bit for bit;
 - hook overhead outside windows: the first layout with the hook on and windows off against
   no hook, alternated A B B A, median train_step time (NeoX's own step, timed by the
-  harness's wrapper identically in both) over the iterations after warm-up;
+  harness's wrapper identically in both) over the iterations after warm-up; and, since a
+  shared box's steps wander by more than the hook costs, the hook's own accounting of the
+  time it spends at iteration boundaries (rank summaries' `hook_self`) over that step;
 - recalibration: `calibrate --from-run` on one layout's run (a copy of the profile and its
   store, so NAME is left untouched), then the iteration error on another layout's run
   before and after.
@@ -108,6 +110,7 @@ def overhead(name: str, work: Path, iters: int, pairs: int) -> None:
     """Median NeoX train_step time, hook on with windows off (B) against no hook (A)."""
     lay = neox_cpu.LAYOUTS[name]
     times = {"A": [], "B": []}
+    own = []  # the hook's accounting of its own time per iteration (B runs, slowest rank)
     order = "ABBA" * pairs
     for i, which in enumerate(order):
         hook = str(work / "runs" / f"overhead-{i}") if which == "B" else None
@@ -118,11 +121,20 @@ def overhead(name: str, work: Path, iters: int, pairs: int) -> None:
         steps = [max(vals) for vals in zip(*(run.step_seconds[r] for r in sorted(run.step_seconds)))]
         per_iter = statistics.median(steps[2:])
         times[which].append(per_iter)
+        if hook:
+            from neox_perf.runs.files import read_rank_summaries
+            mine = [(s.get("hook_self") or {}).get("per_iteration_seconds")
+                    for s in read_rank_summaries(hook)]
+            if mine and None not in mine:
+                own.append(max(mine) / per_iter)
     a, b = statistics.median(times["A"]), statistics.median(times["B"])
     print(f"hook overhead outside windows ({name}, {order}, median step of the slowest rank): "
           f"no hook {a * 1e3:.1f} ms, hook {b * 1e3:.1f} ms, {100 * (b / a - 1):+.2f}%  "
           f"(runs: A {[round(x * 1e3, 1) for x in times['A']]}, B {[round(x * 1e3, 1) for x in times['B']]}; "
           f"load {load()})")
+    if own:
+        print(f"hook's own time between windows (its accounting on the B runs, slowest rank): "
+              f"{100 * max(own):.3f}% of the step at most ({', '.join(f'{100 * x:.3f}%' for x in own)})")
 
 
 def recalibrate(src_name: str, dst_name: str, runs: dict, cluster: str, work: Path) -> None:

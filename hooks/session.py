@@ -51,6 +51,11 @@ class Session:
         self._after_window = False
         self._last_summary = 0.0
         self._finished = False
+        # the hook's own time at iteration boundaries, outside profiling windows: what it costs
+        # a run between windows (the wrappers' other work is a flag test)
+        self._self_pending = 0.0
+        self.self_seconds = 0.0
+        self.self_iterations = 0
 
     # ---- attaching -------------------------------------------------------------------
     def attach(self, engine, init_args: tuple, init_kwargs: dict) -> None:
@@ -141,7 +146,9 @@ class Session:
                 from torch.autograd.profiler import record_function
                 self._iter_rf = record_function("neox_perf::iteration")
                 self._iter_rf.__enter__()
+        t0 = time.perf_counter()
         self.guard("starting an iteration", go)
+        self._self_pending = time.perf_counter() - t0
 
     def end_iteration(self, ok: bool = True) -> None:
         def go():
@@ -161,7 +168,13 @@ class Session:
                 self.windowed.iteration_done()
             if time.monotonic() - self._last_summary > SUMMARY_EVERY_S:
                 self.write_summary()
-        self.guard("ending an iteration", go)
+            # a window's own iterations, and the step that opens the next one, are its cost
+            return not profiled and not (self.windowed is not None and self.windowed.active)
+        t0 = time.perf_counter()
+        between_windows = self.guard("ending an iteration", go)
+        if between_windows:
+            self.self_seconds += self._self_pending + time.perf_counter() - t0
+            self.self_iterations += 1
 
     @property
     def in_iteration(self) -> bool:
@@ -224,6 +237,9 @@ class Session:
             "windows_setting": self.settings.windows.text(),
             "facts": self.facts, "config": config, "dims": self.ctx.dims.__dict__,
             "iterations": self.clock.stats() if self.clock else None,
+            "hook_self": {"iterations": self.self_iterations, "seconds": self.self_seconds,
+                          "per_iteration_seconds": (self.self_seconds / self.self_iterations
+                                                    if self.self_iterations else None)},
             "windows": self.window_meta, "window_iterations": t.iterations,
             "phases": {k: {"calls": v.calls, "seconds": v.seconds} for k, v in t.phases.items()},
             "ops": [{"op": op, "phase": ph, "features": dict(feats), "dtype": dt,

@@ -58,6 +58,11 @@ def _render_report(r: dict, console) -> None:
     head.add_row("median", _s(it["predicted"]), _s(m["median"]), _e(it["error_median"]))
     console.print(head)
     console.print(f"[dim]{m['used']} of {m['count']} iterations used; excluded: {m['excluded']}[/dim]")
+    hook = m.get("hook_overhead") or {}
+    if hook.get("share") is not None:
+        console.print(f"[dim]the hook's own time between profiling windows: "
+                      f"{_s(hook['per_iteration_seconds'])} per iteration "
+                      f"({100 * hook['share']:.3f}% of the median)[/dim]")
     if it.get("interval_seconds"):
         lo, hi = it["interval_seconds"]
         console.print(f"80% interval of the prediction: {_s(lo)} .. {_s(hi)}")

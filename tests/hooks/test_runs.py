@@ -129,6 +129,9 @@ def test_report_predicted_vs_measured(hooked):
     m = r["iteration"]["measured"]
     assert m["count"] == ITERS and m["used"] == 3  # 1, 2 and 11
     assert 0 < m["min"] <= m["median"]
+    # the hook accounts for its own time at iteration boundaries between windows: there, and small
+    hook = m["hook_overhead"]
+    assert 0 < hook["per_iteration_seconds"] and 0 < hook["share"] < 0.01
     comp = {c["name"]: c for c in r["components"]}
     for name in ("stage 0 forward (per micro-batch)", "stage 1 backward (per micro-batch)",
                  "optimizer", "pp_p2p"):
@@ -144,6 +147,7 @@ def test_report_predicted_vs_measured(hooked):
     # `neox-perf run` printed the same report when the launch ended
     out = " ".join(hooked["proc"].stdout.split())  # rich wraps at the terminal width
     assert "Iteration time" in out and "Components" in out and "exit code 0" in out
+    assert "the hook's own time between profiling windows" in out
 
 
 def test_same_seed_same_losses_with_and_without_the_hook(hooked, runs):
