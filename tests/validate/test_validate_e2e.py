@@ -71,9 +71,10 @@ def test_the_error_is_bounded_on_both_sides(validated):
     # measured: each rank's split of its fastest iteration, which no slowest-rank iteration beats
     split = sum(c["measured_seconds"] for c in r.components)
     assert 0.5 * r.measured_seconds <= split <= r.measured_seconds * (1 + 1e-9)
-    # an A100 runs this model faster than one CPU core per process does (load on the box only
-    # slows the measured side), and predicts a positive time: -100% < error < 0
-    assert -1.0 < r.error < 0.0
+    # At this size an A100 step is host-bound: the dev-set terms' dispatch floor (about 80 us
+    # per framework call) puts its prediction near what one CPU core per process measures,
+    # above or below it with the box's load. Bounded on both sides: within a factor of two.
+    assert -0.5 < r.error < 1.0
     assert r.error == pytest.approx(r.predicted_seconds / r.measured_seconds - 1.0)
 
 
