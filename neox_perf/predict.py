@@ -14,7 +14,7 @@ from .errors import UsageError
 from .estimate import IterationEstimate, estimate
 from .operators import FP32_FROM_FP16, Decomposition, decompose, stage_shapes
 
-__all__ = ["Prediction", "stage_shapes", "predict", "load_cluster"]
+__all__ = ["Prediction", "stage_shapes", "predict", "load_cluster", "calibration"]
 
 
 @dataclass(frozen=True)
@@ -36,15 +36,16 @@ def predict(cfg, derived, profile, *, precision: Optional[str] = None,
     """
     decomp = decompose(cfg, derived.padded_vocab, stage_shapes(derived, transformer_layers),
                        precision=precision)
-    if _sample_dtype(profile) == "fp32" and FP32_FROM_FP16 in decomp.notes:
+    if calibration(profile).get("dtype") == "fp32" and FP32_FROM_FP16 in decomp.notes:
         decomp = replace(decomp, notes=tuple(n for n in decomp.notes if n != FP32_FROM_FP16))
     return Prediction(decomp, estimate(decomp, profile))
 
 
-def _sample_dtype(profile) -> Optional[str]:
-    """The dtype a calibrated profile's operator samples ran in (None: not recorded)."""
-    calibration = (getattr(profile, "manifest", None) or {}).get("calibration")
-    return calibration.get("dtype") if isinstance(calibration, dict) else None
+def calibration(profile) -> dict:
+    """Where and how a calibrated profile's samples were timed (its manifest's `calibration`:
+    dtype, device, ...); empty for the bundled profiles and descriptions."""
+    section = (getattr(profile, "manifest", None) or {}).get("calibration")
+    return section if isinstance(section, dict) else {}
 
 
 def load_cluster(name: Optional[str]):

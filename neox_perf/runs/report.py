@@ -283,7 +283,8 @@ def build(run_dir: str, cluster: Optional[str] = None, profile=None, top: int = 
         notes.append(n)
     if facts.get("missing"):
         notes.append("could not read from the engine: " + ", ".join(facts["missing"]))
-    calibrated_on = ((getattr(profile, "manifest", None) or {}).get("calibration") or {}).get("device")
+    from ..predict import calibration
+    calibrated_on = calibration(profile).get("device")
     if profile is not None and facts.get("device_type") == "cpu" and calibrated_on != "cpu":
         notes.append(f"this run ran on CPU; profile {profile.name} models "
                      f"{profile.facts.gpu_name}: expect large errors")
