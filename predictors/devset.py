@@ -23,7 +23,8 @@ from typing import List, Optional, Sequence, Tuple
 VTRAIN_CSV = Path("data") / "vtrain-a100" / "single_node_runs.csv"
 VTRAIN_VOCAB = 50257  # GPT-2 BPE, padded by NeoX's (= Megatron's) rule
 ASSUMPTIONS = ("Megatron GPT: learned positions, LayerNorm, GeLU, tied embeddings, fused softmax; "
-               "query-key layer scaling (Megatron-DeepSpeed's default: softmax in fp32); fp16; GPT-2 vocabulary 50257; activation checkpointing; no ZeRO; "
+               "query-key layer scaling (Megatron-DeepSpeed's default: softmax in fp32); fp16; "
+               "GPT-2 vocabulary 50257; activation checkpointing; no ZeRO; "
                "pp = 1 runs without the pipeline engine")
 
 
