@@ -95,7 +95,16 @@ def main(argv=None) -> int:
     ap.add_argument("--also-write", metavar="PROFILE_DIR", action="append", default=[],
                     help="also store the same terms in this profile (terms fitted on another GPU: "
                          "its interval widens by --other-gpu-widen)")
+    ap.add_argument("--scales-from", type=float, metavar="LOW",
+                    help="let compute_scale and memory_scale go down to LOW (the shipped fit keeps "
+                         "them >= 1, see predictors/step_fit.BOUNDS): shows what a dev set whose "
+                         "GPUs are faster than the samples' would fit; never with --write-terms")
     args = ap.parse_args(argv)
+    if args.scales_from is not None:
+        if args.write_terms or args.also_write:
+            ap.error("--scales-from is a comparison: it cannot write terms")
+        for n in ("compute_scale", "memory_scale"):
+            step_fit.BOUNDS[n] = (args.scales_from, step_fit.BOUNDS[n][1])
     started = time.perf_counter()
     try:
         runs = devset.load_vtrain(Path(args.csv) if args.csv else None)

@@ -216,6 +216,18 @@ def _softmax(f, dev, dt):
     return Case(_reset([x]), lambda s: torch.softmax(s[0], dim=-1), [x], "torch.softmax")
 
 
+# The probability NeoX configs use when they drop out attention; the kernel's time does not
+# depend on it (every element draws, scales and writes its mask whatever p is).
+DROPOUT_P = 0.1
+
+
+def _attn_dropout(f, dev, dt):
+    batch, l = _int(f, "batch"), _int(f, "l")
+    x = _leaf((batch, l, l), dev, dt)
+    return Case(_reset([x]), lambda s: F.dropout(s[0], p=DROPOUT_P, training=True), [x],
+                "F.dropout (training)")
+
+
 class _FusedUpperTriangSoftmax(torch.autograd.Function):
     """Megatron's ScaledUpperTriangMaskedSoftmax kernel, when NeoX's fused kernels are built."""
 
@@ -344,7 +356,7 @@ def _optimizer(f, dev, dt):
 BUILDERS: Dict[str, Callable[[Mapping[str, Any], torch.device, torch.dtype], Case]] = {
     "linear1": _gemm, "linear2": _gemm, "linear3": _gemm, "linear4": _gemm, "linear_final": _gemm,
     "qk": _qk, "av": _av, "fillmask": _fillmask, "softmax": _softmax,
-    "fused_softmax": _fused_softmax, "flash_attention": _flash, "layernorm": _layernorm,
+    "fused_softmax": _fused_softmax, "attn_dropout": _attn_dropout, "flash_attention": _flash, "layernorm": _layernorm,
     "rmsnorm": _rmsnorm, "res_add": _res_add, "gelu": _gelu, "rope": _rope,
     "embedding": _embedding, "cross_entropy": _cross_entropy, "optimizer": _optimizer,
 }

@@ -120,6 +120,7 @@ RULES: Dict[str, Tuple[Tuple[str, ...], Callable[[Dict[str, int]], Optional[Dict
     "fillmask": (("mp", "b", "l", "h"), lambda m: {"batch": _div(m["b"] * m["h"], m["mp"]), "l": m["l"]}),
     "softmax": (("mp", "b", "l", "h"), lambda m: {"batch": _div(m["b"] * m["h"], m["mp"]), "l": m["l"]}),
     "fused_softmax": (("mp", "b", "l", "h"), lambda m: {"batch": _div(m["b"] * m["h"], m["mp"]), "l": m["l"]}),
+    "attn_dropout": (("mp", "b", "l", "h"), lambda m: {"batch": _div(m["b"] * m["h"], m["mp"]), "l": m["l"]}),
     "flash_attention": (("mp", "b", "l", "d", "h", "causal"), lambda m: {
         "b": m["b"], "l": m["l"], "heads": _div(m["h"], m["mp"]), "head_dim": _div(m["d"], m["h"]),
         "causal": m["causal"]}),

@@ -198,6 +198,11 @@ RULES = {
     "aten::masked_fill_": lambda e, ctx: _square_tail(e, "fillmask"),
     "aten::softmax": lambda e, ctx: _square_tail(e, "softmax"),
     "aten::_softmax": lambda e, ctx: _square_tail(e, "softmax"),
+    # nn.Dropout: aten::dropout, which runs native_dropout on a GPU and bernoulli_/div_/mul on
+    # a CPU; only the [.., l, l] probabilities are attention dropout (hidden dropout runs
+    # inside bias_dropout_add, glue of the residual add).
+    "aten::dropout": lambda e, ctx: _square_tail(e, "attn_dropout"),
+    "aten::native_dropout": lambda e, ctx: _square_tail(e, "attn_dropout"),
     "aten::layer_norm": _rule_norm("layernorm"),
     "aten::native_layer_norm": _rule_norm("layernorm"),
     "aten::rms_norm": _rule_norm("rmsnorm"),

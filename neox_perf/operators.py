@@ -171,7 +171,7 @@ def mlp_widths(cfg: NeoxConfig) -> Tuple[int, int]:
     return model_mlp_widths(cfg.model)
 
 
-def _unfused_softmax_launches(cfg: NeoxConfig, precision: str) -> Tuple[Tuple[int, int], Tuple[int, int]]:
+def _unfused_softmax_launches(opts, precision: str) -> Tuple[Tuple[int, int], Tuple[int, int]]:
     """(fwd, bwd) framework calls of NeoX's unfused softmax path, for the fillmask and the
     softmax operator: FusedScaleMaskSoftmax.forward_torch_softmax upcasts 16-bit scores when
     the softmax runs in fp32 (attention_softmax_in_fp32, forced by
@@ -179,8 +179,6 @@ def _unfused_softmax_launches(cfg: NeoxConfig, precision: str) -> Tuple[Tuple[in
     apply_query_key_layer_scaling, masks (gpt2_attention_mask_func builds the mask value as a
     device tensor, then masked_fill_), runs the softmax and casts back. Autograd runs one
     backward call per forward call that carries a gradient (the mask value's tensor has none)."""
-    from .derive.options import DeriveOptions
-    opts = DeriveOptions.from_values(cfg.values)
     half = precision in ("fp16", "bfloat16")
     fp32 = int(half and (opts.attention_softmax_in_fp32 or opts.apply_query_key_layer_scaling))
     scale = int(opts.apply_query_key_layer_scaling)
@@ -191,6 +189,8 @@ def _unfused_softmax_launches(cfg: NeoxConfig, precision: str) -> Tuple[Tuple[in
 
 def _layer_calls(cfg: NeoxConfig, dt: int, mp_group: Tuple[int, int], notes: List[str],
                  precision: str) -> Tuple[Tuple[object, ...], Tuple[object, ...]]:
+    from .derive.options import DeriveOptions
+    opts = DeriveOptions.from_values(cfg.values)
     m, mp = cfg.model, cfg.parallel.model_parallel_size
     b, l, d = cfg.training.micro_batch_size, m.seq_length, m.hidden_size
     tokens, hd = b * l, m.head_dim
@@ -226,9 +226,13 @@ def _layer_calls(cfg: NeoxConfig, dt: int, mp_group: Tuple[int, int], notes: Lis
         if fused:
             both("fused_softmax", batch=batch, l=l)
         else:
-            mask, soft = _unfused_softmax_launches(cfg, precision)
+            mask, soft = _unfused_softmax_launches(opts, precision)
             both("fillmask", batch=batch, l=l, launches=mask)
             both("softmax", batch=batch, l=l, launches=soft)
+        if opts.attention_dropout > 0:
+            # ParallelSelfAttention drops out the probabilities before scores.V (torch's
+            # native_dropout: one kernel each way); nn.Dropout(0) launches nothing.
+            both("attn_dropout", batch=batch, l=l)
         both("av", batch=batch, l=l, head_dim=hd)
     both("linear2", m=tokens, k=d // mp, n=d)
     both("linear3", m=tokens, k=d, n=ffn_out // mp)

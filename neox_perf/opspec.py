@@ -44,6 +44,8 @@ def causal_work_fraction(l):
 # forward's two: 2.5x the forward FLOPs.
 FLASH_BWD_FLOP_RATIO = 2.5
 
+MASK_BYTES = 1  # torch's native_dropout keeps a bool mask for backward
+
 DEFAULT_VOCAB = 50257  # GPT-NeoX-20B tokenizer, the vocabulary the samples were taken with
 VOCAB_MULTIPLE = 128
 
@@ -171,6 +173,18 @@ def _flash():
     return flops, nbytes
 
 
+def _dropout():
+    # Dropout in training: forward draws the keep mask, writes the scaled output and keeps the
+    # mask (1 byte per element) for backward; backward reads the gradient and the mask.
+    def n(f):
+        return f["batch"] * f["l"] * f["l"]
+
+    flops = {"fwd": lambda f, dt: 2.0 * n(f), "bwd": lambda f, dt: 1.0 * n(f)}
+    nbytes = {"fwd": lambda f, dt: (2.0 * dt + MASK_BYTES) * n(f),
+              "bwd": lambda f, dt: (2.0 * dt + MASK_BYTES) * n(f)}
+    return flops, nbytes
+
+
 def _embedding():
     def td(f):
         return f["tokens"] * f["d"]
@@ -226,6 +240,9 @@ OPS: Dict[str, OpSpec] = {
         _spec("fused_softmax", ("batch", "l"),
               _elementwise(lambda f: f["batch"] * f["l"] * f["l"], 6, 4, 2, 3),
               "ScaledUpperTriangMaskedSoftmax: fused scale + causal mask + softmax on [batch, l, l]"),
+        _spec("attn_dropout", ("batch", "l"), _dropout(),
+              "dropout on the [batch = b*heads per rank, l, l] attention probabilities "
+              "(attention_dropout > 0 without flash attention, whose kernel applies it inside)"),
         _spec("flash_attention", ("b", "l", "heads", "head_dim", "causal"), _flash(),
               "flash attention on [b, l, heads per rank, head_dim]; causal=1 skips the tiles above "
               "the diagonal (causal_work_fraction: 1 at one tile, towards 1/2)"),
@@ -241,6 +258,23 @@ OPS: Dict[str, OpSpec] = {
 }
 
 OPERATORS: Tuple[str, ...] = tuple(OPS)
+
+# Operators no published sample set measures: a profile without a model of its own predicts
+# them from a sampled (operator, phase) over the same tensor, by the ratio of bytes moved.
+# Dropout is one elementwise pass over [batch, l, l] each way (forward: draw, scale, write the
+# output and its 1-byte mask; backward: gradient times mask). The sampled pass of that kind on
+# that tensor is the unfused softmax's forward (a plain PyTorch kernel reading and writing it
+# once); its backward is a row reduction before its elementwise pass, and fillmask's backward a
+# broadcast masked_fill at a quarter of its forward's bandwidth, so neither stands in for one.
+# A profile that samples the operator itself (`neox-perf calibrate`) uses its own model.
+STAND_INS: Dict[str, Tuple[str, str]] = {"attn_dropout": ("softmax", "fwd")}
+
+
+def stand_in_ratio(op: str, phase: str, features: Features, dtype_bytes: int = FP16_BYTES):
+    """Seconds of ``op`` ``phase`` per second of its stand-in at the same features."""
+    src, src_phase = STAND_INS[op]
+    return (np.asarray(op_bytes(op, phase, features, dtype_bytes), dtype=float)
+            / np.asarray(op_bytes(src, src_phase, features, dtype_bytes), dtype=float))
 COLLECTIVES: Tuple[str, ...] = ("allreduce", "allgather", "p2p")
 
 

@@ -22,8 +22,13 @@ from typing import List, Optional, Sequence, Tuple
 
 VTRAIN_CSV = Path("data") / "vtrain-a100" / "single_node_runs.csv"
 VTRAIN_VOCAB = 50257  # GPT-2 BPE, padded by NeoX's (= Megatron's) rule
+# Megatron-DeepSpeed's --attention-dropout and --hidden-dropout default, and what vTrain's own
+# model of these runs uses (src/model/gpt_model.py: attention and output dropout 0.1).
+MEGATRON_DROPOUT = 0.1
+
 ASSUMPTIONS = ("Megatron GPT: learned positions, LayerNorm, GeLU, tied embeddings, fused softmax; "
-               "query-key layer scaling (Megatron-DeepSpeed's default: softmax in fp32); fp16; "
+               "query-key layer scaling (Megatron-DeepSpeed's default: softmax in fp32); "
+               "attention and hidden dropout 0.1 (its default); fp16; "
                "GPT-2 vocabulary 50257; activation checkpointing; no ZeRO; "
                "pp = 1 runs without the pipeline engine")
 
@@ -61,6 +66,7 @@ class Run:
             "activation": "gelu", "no_weight_tying": False,
             "scaled_upper_triang_masked_softmax_fusion": True, "bias_gelu_fusion": True,
             "apply_query_key_layer_scaling": True,
+            "attention_dropout": MEGATRON_DROPOUT, "hidden_dropout": MEGATRON_DROPOUT,
             "attention_config": [[["global"], self.layers]],
             "tokenizer_type": "GPT2BPETokenizer",
             "fp16": {"enabled": True}, "precision": "fp16",

@@ -89,6 +89,8 @@ class ClusterProfile:
         # Collective samples count elements of the dtype they were measured in: fp16 for the
         # published NCCL samples, the calibration's dtype for a profile of your own.
         self.collective_dtype: str = (manifest.get("calibration") or {}).get("dtype") or "fp16"
+        # the element size its operator samples moved: what a stand-in's byte ratio is taken at
+        self.dtype_bytes: int = 4 if self.collective_dtype == "fp32" else opspec.FP16_BYTES
         self._ops: Dict[Tuple[str, str], Model] = {}
         self._colls: Dict[str, Model] = {}
         self._cache: Dict[tuple, Prediction] = {}
@@ -126,6 +128,8 @@ class ClusterProfile:
         hit = self._cache.get(key)
         if hit is not None:
             return hit
+        if self._stand_in(op, phase) is not None:
+            return self.predict_many(op, phase, features)[0]
         model = self._model_for(op, phase, spec)
         _check_values(op, spec.features, values)
         if model.derived_from is not None or ((op, phase) in self._curves
@@ -142,6 +146,13 @@ class ClusterProfile:
             self._cache[key] = out
         return out
 
+    def _stand_in(self, op: str, phase: str) -> Optional[Tuple[str, str]]:
+        """The sampled (operator, phase) predicting ``op`` when this profile has no model of it."""
+        src = opspec.STAND_INS.get(op)
+        if src is None or (op, phase) in self._ops or src not in self._ops:
+            return None
+        return src
+
     def _model_for(self, op: str, phase: str, spec) -> Model:
         if phase not in spec.phases:
             raise ValueError(f"operator {op!r} has phases {', '.join(spec.phases)}, not {phase!r}")
@@ -154,6 +165,9 @@ class ClusterProfile:
     def coverage(self, op: str, phase: str, features: Mapping[str, float]) -> Coverage:
         """Whether the samples of the model predicting this call cover its shape: sampled,
         interpolated, or extrapolated and how far (a derived phase answers with its source's)."""
+        src = self._stand_in(op, phase)
+        if src is not None:
+            return self.coverage(*src, features)
         spec = opspec.op_spec(op)
         model = self._model_for(op, phase, spec)
         if model.derived_from is not None:
@@ -180,8 +194,13 @@ class ClusterProfile:
             ok = np.isfinite(col) & ((col >= 0) if name == "causal" else (col > 0))
             if not np.all(ok):
                 _check_values(op, (name,), (float(col[~ok][0]),))
-        model = self._model_for(op, phase, spec)
         feats = dict(zip(spec.features, cols))
+        src = self._stand_in(op, phase)
+        if src is not None:
+            pred = self.predict_many(*src, feats)
+            seconds = pred.seconds * opspec.stand_in_ratio(op, phase, feats, self.dtype_bytes)
+            return BatchPrediction(seconds, pred.extrapolated, pred.reasons)
+        model = self._model_for(op, phase, spec)
         if model.derived_from is not None:
             src = self.predict_many(op, model.derived_from, feats)
             seconds = src.seconds

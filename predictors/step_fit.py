@@ -20,9 +20,14 @@ from neox_perf.estimate import estimate
 from neox_perf.operators import decompose, stage_shapes
 from neox_perf.step_terms import FITTED, StepTerms
 
-# Physical bounds: no gap is negative, and a scale stays near 1 (an operator in a real step may
-# find a warm cache, but not a faster GPU); the upper bounds keep a degenerate fold in check.
-BOUNDS = {"compute_scale": (0.8, 2.0), "memory_scale": (0.8, 3.0), "dispatch_s": (0.0, 5e-4),
+# Physical bounds: no gap is negative, and no scale is below 1. An operator is at its best in a
+# warmed-up isolated benchmark: nothing in a real step makes a kernel faster. A dev set whose
+# GPUs run the sampled kernels faster than the samples' GPUs would fit scales below 1 (vTrain's
+# does: 0.91 for compute), but that is a property of those machines, not of a real step, and
+# carried through the bundled profiles it would predict every cluster they describe faster than
+# its own samples -- the direction that under-provisions. The upper bounds keep a degenerate
+# fold in check.
+BOUNDS = {"compute_scale": (1.0, 2.0), "memory_scale": (1.0, 3.0), "dispatch_s": (0.0, 5e-4),
           "tp_sync_s": (0.0, 2e-3), "p2p_s": (0.0, 2e-2), "micro_batch_s": (0.0, 0.05),
           "pipeline_micro_batch_s": (0.0, 0.05),
           "step_s": (0.0, 0.5)}

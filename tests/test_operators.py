@@ -81,6 +81,27 @@ def test_fused_softmax_only_where_neox_uses_the_kernel(write_yaml):
     assert {"fillmask", "softmax"} <= ops and "fused_softmax" not in ops
 
 
+@pytest.mark.parametrize("extra, dropped", [
+    ("", False),                                   # NeoX's default attention_dropout 0
+    ("attention_dropout: 0\nhidden_dropout: 0.1\n", False),  # hidden dropout: the residual add's
+    ("attention-dropout: 0.1\n", True),
+    ("attention_dropout: 0.1\nuse_flash_attention: true\n", False),  # the flash kernel drops inside
+])
+def test_attention_dropout_is_an_operator_on_the_probabilities(write_yaml, extra, dropped):
+    if "flash" in extra:
+        extra = "attention_dropout: 0.1\nattention_config: [[[flash], 8]]\n"
+    st = decompose(cfg_of(write_yaml, extra), 50304, shapes(1)).stages[0]
+    for calls, phase in ((st.layer_forward, "fwd"), (st.layer_backward, "bwd")):
+        got = [c for c in calls if isinstance(c, OpCall) and c.op == "attn_dropout"]
+        assert len(got) == int(dropped)
+        if dropped:
+            # 8 heads at micro-batch 2: 16 score matrices of 256 x 256
+            assert got[0].feature_dict() == {"batch": 16.0, "l": 256.0} and got[0].phase == phase
+            assert got[0].bytes == (2 * 2 + 1) * 16 * 256 * 256 and got[0].launches == 1
+    ops = {c.op for c in st.layer_forward if isinstance(c, OpCall)}
+    assert ("flash_attention" in ops) == ("flash" in extra)
+
+
 @pytest.mark.parametrize("extra, precision, fwd, bwd", [
     # NeoX's default: the mask value becomes a device tensor, then masked_fill_, then softmax
     ("", "fp16: {enabled: true}\n", (2, 1), (1, 1)),

@@ -142,7 +142,11 @@ def test_devset_rows_read_as_neox_configs(profile):
     assert cfg.parallel.model_parallel_size == 2 and cfg.parallel.num_stages == 2
     assert cfg.training.gradient_accumulation_steps == 4
     assert derived.padded_vocab == 50432  # 50257 padded to a multiple of 128 * mp
-    est = predict(cfg, derived, profile).estimate
+    # Megatron-DeepSpeed's dropout 0.1: the attention probabilities are dropped out, per rank
+    p = predict(cfg, derived, profile)
+    drops = [c for c in p.decomposition.stages[0].layer_forward if getattr(c, "op", "") == "attn_dropout"]
+    assert [c.feature_dict() for c in drops] == [{"batch": 2 * 16 / 2, "l": 1024.0}]  # b*heads/tp
+    est = p.estimate
     assert est.iteration_seconds > 0 and est.interval_seconds is not None
 
 

@@ -278,3 +278,29 @@ def test_neox_torchscript_functions_are_named():
     got = ops(map_events(events, MapContext(dims=d)))
     assert got == {("rope", "fwd", f(heads=3, rot_dim=8, tokens=32)): 1,
                    ("gelu", "fwd", f(tokens=32, width=256)): 1}
+
+
+def test_attention_dropout_maps_on_the_probabilities_only():
+    # nn.Dropout as torch.profiler records it on a GPU (aten::dropout -> native_dropout) and on
+    # a CPU (aten::dropout -> bernoulli_, div_, mul); backward through the sequence number.
+    ctx = MapContext(dims=Dims(hidden=64, qkv=192, ffn_out=256, ffn_in=256, vocab=128,
+                               hidden_local=64))
+    events = [
+        _ev(0, "neox_perf::forward", 0, 100),
+        _ev(1, "aten::dropout", 1, 10, 0, [[2, 8, 32, 32]], seq=1),
+        _ev(2, "aten::native_dropout", 2, 8, 1, [[2, 8, 32, 32]]),
+        _ev(3, "aten::dropout", 20, 10, 0, [[2, 8, 32, 32]], seq=2),
+        _ev(4, "aten::bernoulli_", 21, 4, 3, [[2, 8, 32, 32]]),
+        _ev(5, "aten::mul", 26, 3, 3, [[2, 8, 32, 32], [2, 8, 32, 32]]),
+        # hidden dropout on [s, b, h]: not the attention's
+        _ev(6, "aten::dropout", 40, 5, 0, [[32, 2, 64]], seq=3),
+        _ev(7, "neox_perf::backward", 200, 100),
+        _ev(8, "autograd::engine::evaluate_function: NativeDropoutBackward0", 210, 6, 7, seq=1),
+    ]
+    r = map_events(events, ctx)
+    got = ops(r)
+    assert got[("attn_dropout", "fwd", f(batch=16, l=32))] == 2
+    assert got[("attn_dropout", "bwd", f(batch=16, l=32))] == 1
+    assert not any(op == "attn_dropout" and dict(feats)["l"] != 32 for op, _, feats in got)
+    # the hidden dropout has no operator of its own: it joins the nearest one, as glue
+    assert "aten::dropout" in r.glue and not r.unmapped

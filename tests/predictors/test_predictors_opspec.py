@@ -19,8 +19,8 @@ def test_every_op_has_costs_for_its_phases():
 def test_canonical_vocabulary():
     assert set(opspec.OPERATORS) == {
         "embedding", "layernorm", "rmsnorm", "res_add", "linear1", "linear2", "linear3", "linear4",
-        "linear_final", "rope", "qk", "fillmask", "softmax", "fused_softmax", "av", "flash_attention",
-        "gelu", "cross_entropy", "optimizer"}
+        "linear_final", "rope", "qk", "fillmask", "softmax", "fused_softmax", "attn_dropout", "av",
+        "flash_attention", "gelu", "cross_entropy", "optimizer"}
     assert opspec.COLLECTIVES == ("allreduce", "allgather", "p2p")
 
 

@@ -282,3 +282,37 @@ def test_error_messages_are_one_line(tmp_path):
     with pytest.raises(ProfileError) as info:
         load_profile(d)
     assert "\n" not in str(info.value)
+
+
+def test_unsampled_attention_dropout_stands_in_for_softmax_by_bytes(profile):
+    # No published set samples dropout: the softmax forward over the same [batch, l, l] (one
+    # elementwise pass) predicts both phases, scaled by bytes moved (fp16: 5/4 of softmax's)
+    for phase in ("fwd", "bwd"):
+        for l, out in ((1024, False), (65536, True)):
+            f, ratio = {"batch": 16, "l": l}, 5 / 4
+            got, src = profile.predict("attn_dropout", phase, f), profile.predict("softmax", "fwd", f)
+            assert got.seconds == pytest.approx(src.seconds * ratio, rel=1e-12)
+            assert got.extrapolated == src.extrapolated == out
+            many = profile.predict_many("attn_dropout", phase, {"batch": [16, 32], "l": l})
+            assert many.seconds[0] == pytest.approx(got.seconds, rel=1e-12)
+            assert profile.coverage("attn_dropout", phase, f) == profile.coverage("softmax", "fwd", f)
+    # a profile that samples dropout itself predicts it with its own model (here: fillmask's
+    # fitted model filed under attn_dropout; loaded profiles are cached, so a fresh one)
+    from neox_perf.predictors import profile as profile_module
+    manifest = json.loads(json.dumps(profile.manifest))
+    manifest["operators"]["attn_dropout"] = {"fwd": manifest["operators"]["fillmask"]["fwd"]}
+    own = ClusterProfile(profile.path, manifest, profile_module._read_arrays(profile.path, manifest))
+    f = {"batch": 16, "l": 1024}
+    assert own.predict("attn_dropout", "bwd", f).seconds == pytest.approx(
+        profile.predict("attn_dropout", "bwd", f).seconds, rel=1e-12)
+    assert own.predict("attn_dropout", "fwd", f).seconds != pytest.approx(
+        profile.predict("attn_dropout", "fwd", f).seconds, rel=1e-3)
+
+
+def test_transferred_profile_scales_the_stand_in_as_its_own_operator():
+    from neox_perf.predict import load_cluster
+    forty = load_cluster("perlmutter-a100")  # 40 GB nodes, memory-bound operators transferred
+    f = {"batch": 16, "l": 1024}
+    for phase in ("fwd", "bwd"):
+        base = forty.base.predict("attn_dropout", phase, f).seconds
+        assert forty.predict("attn_dropout", phase, f).seconds > base  # less HBM bandwidth
