@@ -26,9 +26,17 @@ VTRAIN_VOCAB = 50257  # GPT-2 BPE, padded by NeoX's (= Megatron's) rule
 # model of these runs uses (src/model/gpt_model.py: attention and output dropout 0.1).
 MEGATRON_DROPOUT = 0.1
 
+# Megatron-DeepSpeed's GPTModelPipe partitions with 'type:transformer' too, but its transposes
+# around the layers are lambdas (named '<lambda>'), not NeoX's _pre/_post_transformer_block
+# functions that the regex also matches: its stages hold equal shares of the transformer layers
+# alone, which a regex on the layer class reproduces (N=12, pp=4: [3,3,3,3], not NeoX's
+# [3,4,3,2]; pp=2 splits agree).
+MEGATRON_PARTITION = "type:ParallelTransformerLayerPipe"
+
 ASSUMPTIONS = ("Megatron GPT: learned positions, LayerNorm, GeLU, tied embeddings, fused softmax; "
                "query-key layer scaling (Megatron-DeepSpeed's default: softmax in fp32); "
-               "attention and hidden dropout 0.1 (its default); fp16; "
+               "attention and hidden dropout 0.1 (its default); fp16; stages split the "
+               "transformer layers evenly (GPTModelPipe's partition); "
                "GPT-2 vocabulary 50257; activation checkpointing; no ZeRO; "
                "pp = 1 runs without the pipeline engine")
 
@@ -67,6 +75,7 @@ class Run:
             "scaled_upper_triang_masked_softmax_fusion": True, "bias_gelu_fusion": True,
             "apply_query_key_layer_scaling": True,
             "attention_dropout": MEGATRON_DROPOUT, "hidden_dropout": MEGATRON_DROPOUT,
+            "pipe_partition_method": MEGATRON_PARTITION,
             "attention_config": [[["global"], self.layers]],
             "tokenizer_type": "GPT2BPETokenizer",
             "fp16": {"enabled": True}, "precision": "fp16",

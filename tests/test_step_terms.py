@@ -148,6 +148,12 @@ def test_devset_rows_read_as_neox_configs(profile):
     assert [c.feature_dict() for c in drops] == [{"batch": 2 * 16 / 2, "l": 1024.0}]  # b*heads/tp
     est = p.estimate
     assert est.iteration_seconds > 0 and est.interval_seconds is not None
+    # Megatron-DeepSpeed's GPTModelPipe splits the transformer layers evenly: its transposes
+    # are lambdas, which 'type:transformer' does not count, unlike NeoX's block functions
+    from neox_perf.operators import stage_shapes
+    _, derived = devset.build_config(_run(gpus=4, tp=1, dp=1, pp=4, layers=12, global_batch=8),
+                                     profile.facts.gpus_per_node)
+    assert [s.transformer_layers for s in stage_shapes(derived)] == [3, 3, 3, 3]
 
 
 def test_vtrain_runs_load_when_shared_is_present():
