@@ -181,6 +181,16 @@ def _rule_bias_gelu(e, ctx):
     return None
 
 
+def _rule_dropout(e, ctx):
+    # nn.Dropout(0) (NeoX's default attention_dropout) and eval mode still record aten::dropout,
+    # which hands its input back: no work, so no operator (the decomposition has none either)
+    c = e.concrete
+    p = c[1] if len(c) > 1 else None
+    if (isinstance(p, (int, float)) and not isinstance(p, bool) and p <= 0) or (len(c) > 2 and c[2] is False):
+        return None
+    return _square_tail(e, "attn_dropout")
+
+
 def _rule_optimizer(e, ctx):
     if not ctx.optimizer_params:
         raise Unmapped("optimizer step: the number of parameters it updates is unknown")
@@ -201,7 +211,7 @@ RULES = {
     # nn.Dropout: aten::dropout, which runs native_dropout on a GPU and bernoulli_/div_/mul on
     # a CPU; only the [.., l, l] probabilities are attention dropout (hidden dropout runs
     # inside bias_dropout_add, glue of the residual add).
-    "aten::dropout": lambda e, ctx: _square_tail(e, "attn_dropout"),
+    "aten::dropout": _rule_dropout,
     "aten::native_dropout": lambda e, ctx: _square_tail(e, "attn_dropout"),
     "aten::layer_norm": _rule_norm("layernorm"),
     "aten::native_layer_norm": _rule_norm("layernorm"),

@@ -294,6 +294,9 @@ def test_attention_dropout_maps_on_the_probabilities_only():
         _ev(5, "aten::mul", 26, 3, 3, [[2, 8, 32, 32], [2, 8, 32, 32]]),
         # hidden dropout on [s, b, h]: not the attention's
         _ev(6, "aten::dropout", 40, 5, 0, [[32, 2, 64]], seq=3),
+        # nn.Dropout(0) records aten::dropout but hands its input back: no operator
+        Event(9, "aten::dropout", 0, 1, 50, 1, shapes=[[2, 8, 32, 32]], seq=4,
+              concrete=[None, 0.0, True]),
         _ev(7, "neox_perf::backward", 200, 100),
         _ev(8, "autograd::engine::evaluate_function: NativeDropoutBackward0", 210, 6, 7, seq=1),
     ]
