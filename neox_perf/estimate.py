@@ -91,7 +91,7 @@ class _Cache:
                 self._cover(call)
                 if getattr(pred, "extrapolated", False):
                     self.extrapolated.add(key)
-                self.memo[key] = self.terms.operator(call.op, float(pred.seconds), call.launches)
+                self.memo[key] = self.terms.operator(call.op, float(pred.seconds))
             return self.memo[key]
         if self.engine is not None and call.purpose in ("mp_allreduce", "dp_allreduce", "dp_allgather"):
             measured = (self.engine.tp_allreduce(call) if call.purpose == "mp_allreduce"
@@ -131,15 +131,28 @@ class _Cache:
             self.flags[what] = getattr(pred, "reason", "") or "outside the sampled range"
 
     def total(self, calls) -> float:
-        return sum(self.time(c) * c.count for c in calls)
+        """Seconds of one run of calls (a layer phase, the head, the loss): its operators queue
+        on the device as the host issues them (StepTerms.issued); its collectives add."""
+        return self.operators(calls) + sum(self.time(c) * c.count for c in calls
+                                           if not isinstance(c, OpCall))
+
+    def operators(self, calls) -> float:
+        """Seconds of the operators of one run of calls, issued by the host (StepTerms.issued)."""
+        ops = [c for c in calls if isinstance(c, OpCall)]
+        return self.terms.issued(sum(self.time(c) * c.count for c in ops),
+                                 sum(c.launches * c.count for c in ops))
+
+    def host_wait(self, calls) -> float:
+        """What the device waits for the host in one run of calls: its operators' issued time
+        less their kernels."""
+        return self.operators(calls) - sum(self.time(c) * c.count for c in calls
+                                           if isinstance(c, OpCall))
 
     def comm(self, calls, purpose: str) -> float:
         return sum(self.time(c) * c.count for c in calls
                    if isinstance(c, CommCall) and c.purpose == purpose)
 
 
-def _ops(calls, cache: _Cache) -> float:
-    return sum(cache.time(c) * c.count for c in calls if isinstance(c, OpCall))
 
 
 def _stage_times(work: StageWork, cache: _Cache, engine: Optional[EngineTerms] = None,
@@ -151,10 +164,10 @@ def _stage_times(work: StageWork, cache: _Cache, engine: Optional[EngineTerms] =
     optimizer = cache.time(work.optimizer)
     grad_sync = cache.total(work.grad_sync)
     if engine is not None:
-        lf += engine.layer("forward", _ops(work.layer_forward, cache))
-        lb += engine.layer("backward", _ops(work.layer_backward, cache))
-        extra_f = engine.other("forward", _ops(work.forward, cache), work.logits_elements)
-        extra_b = (engine.other("backward", _ops(work.backward, cache), work.logits_elements)
+        lf += engine.layer("forward", cache.operators(work.layer_forward))
+        lb += engine.layer("backward", cache.operators(work.layer_backward))
+        extra_f = engine.other("forward", cache.operators(work.forward), work.logits_elements)
+        extra_b = (engine.other("backward", cache.operators(work.backward), work.logits_elements)
                    + engine.accumulate(work.params_per_rank, work.param_tensors))
         step = engine.optimizer(work.params_per_rank, work.param_tensors,
                                 work.optimizer.feature_dict()["params"])
@@ -204,11 +217,23 @@ def _operator_seconds(work: StageWork, cache: _Cache,
             if cache.key(c) in cache.extrapolated:
                 extrapolated += seconds
 
+    def wait(calls, times: float, phase: str):
+        # a host-bound run of calls: the device idles between them, charged as one line
+        seconds = cache.host_wait(calls) * times
+        if seconds > 0:
+            name = f"host dispatch {phase}"
+            out[name] = out.get(name, 0.0) + seconds
+
     add(work.layer_forward, n * micro_batches)
     add(work.layer_backward, n * micro_batches)
     add(work.layer_forward, work.recompute_layers * micro_batches, "recompute")
     add(work.forward, micro_batches)
     add(work.backward, micro_batches)
+    wait(work.layer_forward, n * micro_batches, "fwd")
+    wait(work.layer_backward, n * micro_batches, "bwd")
+    wait(work.layer_forward, work.recompute_layers * micro_batches, "recompute")
+    wait(work.forward, micro_batches, "fwd")
+    wait(work.backward, micro_batches, "bwd")
     add(work.grad_sync, 1)
     add(work.param_allgather, 1)
     add((work.optimizer,), 1)

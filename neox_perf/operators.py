@@ -46,9 +46,9 @@ class OpCall:
     scope: str  # layer | embedding | head | loss | recompute | optimizer
     flops: float  # per call
     bytes: float  # per call
-    # framework calls one call of the operator issues: each pays the host's dispatch cost
-    # (StepTerms.dispatch_s), so an operator the program runs as several small kernels is
-    # host-bound sooner than its one sampled timing says
+    # framework calls one call of the operator issues: each costs the host its dispatch time
+    # (StepTerms.dispatch_s), so a layer of small kernels, or an operator the program runs as
+    # several of them, is host-bound sooner than its sampled timings say
     launches: int = 1
 
     def feature_dict(self) -> Dict[str, float]:

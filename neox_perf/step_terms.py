@@ -27,7 +27,9 @@ FITTED = ("compute_scale", "memory_scale", "dispatch_s", "tp_sync_s", "p2p_s", "
 class StepTerms:
     compute_scale: float = 1.0  # in-situ time of compute-bound operators / their isolated time
     memory_scale: float = 1.0  # the same for memory-bound operators (norms, softmax, loss, Adam)
-    dispatch_s: float = 0.0  # host time to issue one framework call: a shorter kernel leaves the GPU idle
+    # host time to issue one framework call. The host runs ahead of the GPU, so a run of calls
+    # between two collectives takes the longer of its GPU time and its issue time (issued())
+    dispatch_s: float = 0.0
     # a tensor-parallel all-reduce waits for its slowest rank: seconds per doubling of the group
     tp_sync_s: float = 0.0
     p2p_s: float = 0.0  # per pipeline send: the blocking handshake beyond the transfer itself
@@ -49,11 +51,19 @@ class StepTerms:
     def identity(self) -> bool:
         return self == StepTerms()
 
-    def operator(self, op: str, seconds: float, launches: int = 1) -> float:
-        """In-situ seconds of one operator call measured `seconds` in isolation that issues
-        `launches` framework calls."""
+    def operator(self, op: str, seconds: float) -> float:
+        """In-situ device seconds of one operator call measured `seconds` in isolation."""
         scale = self.compute_scale if op in COMPUTE_BOUND else self.memory_scale
-        return max(scale * seconds, launches * self.dispatch_s)
+        return scale * seconds
+
+    def issued(self, device_seconds: float, launches: float) -> float:
+        """Seconds a run of operator calls takes that keeps the device busy `device_seconds`
+        and issues `launches` framework calls. The host queues kernels ahead of the device,
+        so a long GEMM hides the issue time of the short calls around it, and a run of small
+        kernels leaves the device waiting for the host: the longer of the two. A collective
+        ends the run (it is exposed: every rank waits for the slowest to issue it), which is
+        why estimate applies this per layer phase and adds collectives outside it."""
+        return max(device_seconds, launches * self.dispatch_s)
 
     def per_micro_batch(self, pipeline_engine: bool) -> float:
         return self.micro_batch_s + (self.pipeline_micro_batch_s if pipeline_engine else 0.0)

@@ -104,8 +104,8 @@ def solve(F: np.ndarray, c0: np.ndarray, measured: np.ndarray,
     return theta
 
 
-# The dispatch floor max(t, dispatch_s) has no slope at dispatch_s = 0 (no operator is below
-# it), so a fit started there would never move it: start just off zero.
+# The host's issue time max(device, launches * dispatch_s) has no slope at dispatch_s = 0 (no
+# run of calls is host-bound there), so a fit started there would never move it: start off zero.
 START = StepTerms(dispatch_s=3e-5)
 
 
