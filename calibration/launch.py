@@ -12,6 +12,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Callable, List, Optional
@@ -41,6 +42,20 @@ def use_caching_malloc() -> bool:
                     and libc.mallopt(_M_TRIM_THRESHOLD, (1 << 31) - 1))
     except (OSError, AttributeError):
         return False
+
+
+def exit_rank(code: int) -> None:
+    """End a launched rank whose results are on disk, without the interpreter's teardown.
+
+    After DeepSpeed and gloo have run, teardown can abort in a C++ destructor (a thread still
+    joinable: "terminate called without an active exception", SIGABRT) after the rank has
+    finished and written everything; the launch would then fail a run that succeeded. The
+    exit handlers still run: the runtime hook writes its summary from one."""
+    import atexit
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def has_module(name: str) -> bool:

@@ -74,4 +74,5 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from .launch import exit_rank
+    exit_rank(main())

@@ -216,4 +216,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from ..launch import exit_rank
+    exit_rank(main())

@@ -49,7 +49,7 @@ def render(result, console) -> None:
                       f"predicted ratio; {len(d['skipped'] or {})} left as they were")
         st = d.get("step_terms") or {}
         if st:
-            drop = "" if st["start"]["dispatch_s"] else ", no dispatch floor (a CPU call's time holds it)"
+            drop = "" if st["start"]["dispatch_s"] else ", no host dispatch term (a CPU call's time holds its issue)"
             fitted = (f"; {st['refitted']} refitted on the run: {1e3 * st['value']:.3f} ms"
                       if st.get("refitted") else f"; nothing refitted ({st.get('why')})")
             console.print(f"step terms: in-situ scales 1 (the run's calls are in situ){drop}{fitted}")

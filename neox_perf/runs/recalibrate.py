@@ -147,7 +147,7 @@ def _level_step_terms(manifest: Dict[str, Any], ref: dict) -> Dict[str, Any]:
     """The step terms a level-corrected profile starts from. The factors came from the run's own
     calls, measured inside real steps, so the in-situ slowdown the development-set scales stand
     for is in the operators now: both scales become 1. On a CPU a call's host time already
-    holds its dispatch, so the dispatch floor goes too. The rest stay as the profile had them
+    holds its dispatch, so the host dispatch term goes too. The rest stay as the profile had them
     until _refit_fixed_cost pins the per-micro-batch cost on the run."""
     from neox_perf.step_terms import StepTerms
     section = manifest.setdefault("step_terms", {})

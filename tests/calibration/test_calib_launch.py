@@ -77,3 +77,21 @@ def test_progress_lines_round_trip_and_other_lines_are_not_progress():
     assert progress_event("linear1 fwd: 1.0 us (IQR 0.1 us)") is None
     assert progress_event('{"neox_perf_progress": 3}') is None
     assert progress_event('{"neox_perf_progress": {"a"') is None
+
+
+def test_a_rank_exits_with_its_code_after_its_exit_handlers_and_output(tmp_path):
+    """exit_rank skips the interpreter's teardown (where DeepSpeed/gloo threads can abort a
+    finished rank) but not the exit handlers the runtime hook writes its summary from."""
+    import subprocess
+    import sys
+    marker = tmp_path / "handler-ran"
+    code = ("import atexit, pathlib\n"
+            f"atexit.register(lambda: pathlib.Path({str(marker)!r}).write_text('yes'))\n"
+            "from neox_perf.calibration.launch import exit_rank\n"
+            "print('written', end='')\n"
+            "exit_rank(3)\n"
+            "print('never')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3
+    assert done.stdout == "written"
+    assert marker.read_text() == "yes"

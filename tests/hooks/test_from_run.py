@@ -116,12 +116,12 @@ def test_a_bundled_profile_gets_a_corrected_copy_under_a_new_name(hooked, tmp_pa
     assert any(f"new profile, {name}" in n for n in data["notes"])
     # an A100 profile on a CPU run: operators far off before, near after. The iteration is
     # not compared: a step of this tiny model is host-bound on an A100 (the dev-set terms'
-    # dispatch floor per call), which lands the bundled prediction anywhere near a CPU core's
+    # host issue time per call), which lands the bundled prediction anywhere near a CPU core's
     # time with the box's load; the corrected copy must predict its own run within 50%.
     _errors_lower(data, iteration=False)
     assert abs(data["after"]["iteration"]["error"]) < 0.5
     assert data["after"]["operators"]["median_abs_error"] < 0.25 < data["before"]["operators"]["median_abs_error"]
-    # the in-situ scales are in the level now; on a CPU the dispatch floor is in each call
+    # the in-situ scales are in the level now; on a CPU a call's time holds its issue
     steps = data["step_terms"]
     assert steps["start"]["compute_scale"] == steps["start"]["memory_scale"] == 1.0
     assert steps["start"]["dispatch_s"] == 0.0 < steps["from"]["dispatch_s"]

@@ -71,7 +71,7 @@ def test_the_error_is_bounded_on_both_sides(validated):
     # measured: each rank's split of its fastest iteration, which no slowest-rank iteration beats
     split = sum(c["measured_seconds"] for c in r.components)
     assert 0.5 * r.measured_seconds <= split <= r.measured_seconds * (1 + 1e-9)
-    # At this size an A100 step is host-bound: the dev-set terms' dispatch floor (about 80 us
+    # At this size an A100 step is host-bound: the dev-set terms' host issue time (about 80 us
     # per framework call) puts its prediction near what one CPU core per process measures,
     # above or below it with the box's load. Bounded on both sides: within a factor of two.
     assert -0.5 < r.error < 1.0
