@@ -153,8 +153,6 @@ class _Cache:
                    if isinstance(c, CommCall) and c.purpose == purpose)
 
 
-
-
 def _stage_times(work: StageWork, cache: _Cache, engine: Optional[EngineTerms] = None,
                  pipeline_engine: bool = False) -> StageTimes:
     lf = cache.total(work.layer_forward)

@@ -27,8 +27,8 @@ FITTED = ("compute_scale", "memory_scale", "dispatch_s", "tp_sync_s", "p2p_s", "
 class StepTerms:
     compute_scale: float = 1.0  # in-situ time of compute-bound operators / their isolated time
     memory_scale: float = 1.0  # the same for memory-bound operators (norms, softmax, loss, Adam)
-    # host time to issue one framework call. The host runs ahead of the GPU, so a run of calls
-    # between two collectives takes the longer of its GPU time and its issue time (issued())
+    # host time to issue one framework call. The host runs ahead of the GPU, so a layer's
+    # forward, backward or recompute takes the longer of its GPU time and its issue time (issued())
     dispatch_s: float = 0.0
     # a tensor-parallel all-reduce waits for its slowest rank: seconds per doubling of the group
     tp_sync_s: float = 0.0
@@ -60,9 +60,10 @@ class StepTerms:
         """Seconds a run of operator calls takes that keeps the device busy `device_seconds`
         and issues `launches` framework calls. The host queues kernels ahead of the device,
         so a long GEMM hides the issue time of the short calls around it, and a run of small
-        kernels leaves the device waiting for the host: the longer of the two. A collective
-        ends the run (it is exposed: every rank waits for the slowest to issue it), which is
-        why estimate applies this per layer phase and adds collectives outside it."""
+        kernels leaves the device waiting for the host: the longer of the two. estimate
+        applies it per layer phase (forward, backward, recompute), head and loss, and adds the
+        phase's collectives outside it: an all-reduce waits for every rank to issue it, so the
+        dev set's runs show it exposed (hidden under the host's lead, the fit was worse)."""
         return max(device_seconds, launches * self.dispatch_s)
 
     def per_micro_batch(self, pipeline_engine: bool) -> float:
