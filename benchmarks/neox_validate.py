@@ -16,7 +16,8 @@ its profiling windows). Then:
   time it spends at iteration boundaries (rank summaries' `hook_self`) over that step;
 - recalibration: `calibrate --from-run` on one layout's run (a copy of the profile and its
   store, so NAME is left untouched), then the iteration error on another layout's run
-  before and after.
+  before and after; `--recalibrate all` learns from each layout in turn and summarises the
+  error on every other.
 The machine is shared: the load average is printed next to every timing.
 """
 from __future__ import annotations
@@ -137,10 +138,9 @@ def overhead(name: str, work: Path, iters: int, pairs: int) -> None:
               f"{100 * max(own):.3f}% of the step at most ({', '.join(f'{100 * x:.3f}%' for x in own)})")
 
 
-def recalibrate(src_name: str, dst_name: str, runs: dict, cluster: str, work: Path) -> None:
-    if src_name not in runs or dst_name not in runs:
-        print("recalibration skipped: both layouts must have run")
-        return
+def _recalibrated_errors(src_name: str, names, runs: dict, cluster: str, work: Path):
+    """`calibrate --from-run` on src_name's run, in a copy of the profile and its store (NAME is
+    left untouched); the iteration error of every run in names after it, or None."""
     home = Path(os.environ.get("NEOX_PERF_HOME") or Path.home() / ".cache" / "neox-perf")
     copy = work / "recal-home"
     if copy.exists():
@@ -148,20 +148,42 @@ def recalibrate(src_name: str, dst_name: str, runs: dict, cluster: str, work: Pa
     shutil.copytree(home, copy)
     store = copy / "stores" / f"{cluster}.sqlite"
     env = dict(os.environ, NEOX_PERF_HOME=str(copy))
-    before = {n: _err(report_json(runs[n][0].run_dir, cluster, env)) for n in (src_name, dst_name)}
     cmd = [sys.executable, "-m", "neox_perf", "calibrate", "--cluster", cluster, "--from-run",
            runs[src_name][0].run_dir]
     if store.is_file():
         cmd += ["--store", str(store)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
-        print(f"calibrate --from-run failed: {proc.stderr.strip()[-400:]}")
+        print(f"calibrate --from-run {src_name} failed: {proc.stderr.strip()[-400:]}")
+        return None
+    return {n: _err(report_json(runs[n][0].run_dir, cluster, env)) for n in names}
+
+
+def recalibrate(pairs, runs: dict, cluster: str, work: Path) -> None:
+    """pairs: (learned from, held out) layouts. Each learned-from layout is recalibrated once;
+    with several pairs the held-out errors are summarised (mean |error| before and after)."""
+    pairs = [(a, b) for a, b in pairs if a in runs and b in runs]
+    if not pairs:
+        print("recalibration skipped: both layouts of a pair must have run")
         return
-    after = {n: _err(report_json(runs[n][0].run_dir, cluster, env)) for n in (src_name, dst_name)}
-    for n, role in ((src_name, "learned from"), (dst_name, "held out")):
-        b, a = before[n], after[n]
-        print(f"recalibrated from {src_name}: {n} ({role}) iteration error "
-              f"{100 * b:+.1f}% -> {100 * a:+.1f}%" if None not in (a, b) else f"{n}: no error")
+    names = sorted({n for pair in pairs for n in pair})
+    before = {n: _err(runs[n][1]) for n in names}
+    held = []
+    for src in dict.fromkeys(a for a, _ in pairs):
+        after = _recalibrated_errors(src, names, runs, cluster, work)
+        if after is None:
+            continue
+        for n in [src] + [b for a, b in pairs if a == src]:
+            b, a = before[n], after[n]
+            role = "learned from" if n == src else "held out"
+            print(f"recalibrated from {src}: {n} ({role}) iteration error "
+                  f"{100 * b:+.1f}% -> {100 * a:+.1f}%" if None not in (a, b) else f"{n}: no error")
+            if n != src and None not in (a, b):
+                held.append((b, a))
+    if len(held) > 1:
+        better = sum(abs(a) < abs(b) for b, a in held)
+        print(f"held-out runs: mean |error| {100 * statistics.fmean(abs(b) for b, _ in held):.1f}% -> "
+              f"{100 * statistics.fmean(abs(a) for _, a in held):.1f}%, lower on {better} of {len(held)}")
 
 
 def main(argv=None) -> int:
@@ -171,7 +193,9 @@ def main(argv=None) -> int:
     p.add_argument("--iters", type=int, default=12)
     p.add_argument("--work", default=None, help="work dir (default: a new one under /tmp)")
     p.add_argument("--overhead-pairs", type=int, default=1, help="ABBA blocks for the overhead")
-    p.add_argument("--recalibrate", default="pp1:pp2", help="LEARN:HELDOUT layouts, or ''")
+    p.add_argument("--recalibrate", default="pp1:pp2",
+                   help="LEARN:HELDOUT layouts, 'all' (each layout learned, every other held "
+                        "out), or ''")
     p.add_argument("--skip", default="", help="comma list of: identity,overhead,recalibrate")
     args = p.parse_args(argv)
     try:
@@ -190,8 +214,11 @@ def main(argv=None) -> int:
     if "overhead" not in skip:
         overhead(names[0], work, args.iters, args.overhead_pairs)
     if args.recalibrate and "recalibrate" not in skip:
-        learn, held = args.recalibrate.split(":")
-        recalibrate(learn, held, runs, args.cluster, work)
+        if args.recalibrate == "all":
+            pairs = [(a, b) for a in names for b in names if a != b]
+        else:
+            pairs = [tuple(args.recalibrate.split(":"))]
+        recalibrate(pairs, runs, args.cluster, work)
     return 0
 
 
