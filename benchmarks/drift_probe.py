@@ -8,10 +8,16 @@ and the protocol its run recorded, and prints the ratio now / then per operator 
 validation run's signed error is only meaningful next to this ratio taken at the same time.
 
     python benchmarks/drift_probe.py --store ~/.cache/neox-perf/stores/local.sqlite [--points 40]
+
+--corun N times every point a second time while N other processes run the same point (one
+thread each), as N+1 CPU ranks of a data-parallel run execute the same operator at once, and
+prints that time over the point's time alone: the contention for caches and memory bandwidth
+that a calibration, timing one process while the other cores idle, does not see.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import statistics
@@ -54,10 +60,13 @@ def main(argv=None) -> int:
     ap.add_argument("--store", required=True, help="the SQLite sample store a profile was fitted from")
     ap.add_argument("--points", type=int, default=40)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--corun", type=int, default=0, metavar="N",
+                    help="also time every point while N other processes run it")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
 
     from neox_perf.calibration.bench import Timer, aggregate, measure
+    from neox_perf.calibration.corun import CoRunners
     from neox_perf.calibration.launch import use_caching_malloc
     from neox_perf.calibration.store import SampleStore, StoreError
     from neox_perf.calibration.sweep import pick_threads, pinned_threads
@@ -77,12 +86,21 @@ def main(argv=None) -> int:
     use_caching_malloc()  # as calibrate times them: large CPU tensors recycled, no page faults
     timer = Timer()
     ratios, by_op, started = [], defaultdict(list), time.monotonic()
-    with pinned_threads(pick_threads(None, "cpu")):
+    corun, corun_by_op = [], defaultdict(list)
+    with contextlib.ExitStack() as stack, pinned_threads(pick_threads(None, "cpu")):
+        runners = stack.enter_context(CoRunners(args.corun)) if args.corun > 0 else None
         for s in chosen:
-            now = measure(s.op, s.phase, s.features, timer=timer, protocol=protocol_of[s.run_id],
-                          dtype=s.dtype).aggregate.median
+            def time_it():
+                return measure(s.op, s.phase, s.features, timer=timer,
+                               protocol=protocol_of[s.run_id], dtype=s.dtype).aggregate.median
+            now = time_it()
             ratios.append(now / s.median)
             by_op[s.op].append(now / s.median)
+            if runners is not None:
+                with runners.running((s.op, s.phase, dict(s.features), s.dtype)):
+                    busy = time_it()
+                corun.append(busy / now)
+                corun_by_op[s.op].append(busy / now)
     spread = aggregate(ratios)
     q1, med, q3 = spread.q1, spread.median, spread.q3
     out = {"store": args.store, "points": len(ratios), "ratio_now_over_calibration":
@@ -90,6 +108,11 @@ def main(argv=None) -> int:
            "by_op": {op: statistics.median(r) for op, r in sorted(by_op.items())},
            "calibrated": time.strftime("%Y-%m-%d %H:%M", time.localtime(max(s.created for s in chosen))),
            "seconds": time.monotonic() - started}
+    if corun:
+        c = aggregate(corun)
+        out["corun"] = args.corun
+        out["ratio_corun_over_alone"] = {"median": c.median, "q1": c.q1, "q3": c.q3}
+        out["corun_by_op"] = {op: statistics.median(r) for op, r in sorted(corun_by_op.items())}
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
@@ -97,6 +120,11 @@ def main(argv=None) -> int:
           f"({out['calibrated']}): median {med:.3f}, IQR {q1:.3f}-{q3:.3f} "
           f"({'slower' if med > 1 else 'faster'} by {abs(med - 1) * 100:.1f}%)")
     print("  " + ", ".join(f"{op} {r:.2f}" for op, r in out["by_op"].items()))
+    if corun:
+        c = out["ratio_corun_over_alone"]
+        print(f"with {args.corun} other process(es) running the same point / alone: median "
+              f"{c['median']:.3f}, IQR {c['q1']:.3f}-{c['q3']:.3f}")
+        print("  " + ", ".join(f"{op} {r:.2f}" for op, r in out["corun_by_op"].items()))
     return 0
 
 

@@ -9,7 +9,7 @@ pytest.importorskip("torch")
 from neox_perf.calibration.store import SampleStore  # noqa: E402
 
 
-def test_ratio_now_over_calibration(tmp_path, capsys, benchmark_script):
+def _store(tmp_path):
     path = tmp_path / "s.sqlite"
     with SampleStore(path) as store:
         dev = store.register_device({"device": "cpu-test"})
@@ -25,6 +25,11 @@ def test_ratio_now_over_calibration(tmp_path, capsys, benchmark_script):
                          dtype="fp32")  # outside 1-200 ms: never picked
         store.add_sample("allreduce", "comm", {"elements": 1024, "nodes": 1, "gpus_per_node": 2},
                          0.01, device=dev, run=run, dtype="fp32")  # a collective: never picked
+    return path
+
+
+def test_ratio_now_over_calibration(tmp_path, capsys, benchmark_script):
+    path = _store(tmp_path)
     assert benchmark_script("drift_probe").main(["--store", str(path), "--points", "10", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["points"] == 2
@@ -39,3 +44,13 @@ def test_not_a_store_is_one_line(tmp_path, capsys, benchmark_script):
     assert benchmark_script("drift_probe").main(["--store", str(bad)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("drift_probe: ") and err.count("\n") == 1
+
+
+def test_corun_times_each_point_beside_processes_running_it(tmp_path, capsys, benchmark_script):
+    path = _store(tmp_path)
+    assert benchmark_script("drift_probe").main(["--store", str(path), "--points", "10",
+                                                 "--corun", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["corun"] == 1 and set(out["corun_by_op"]) == {"res_add"}
+    c = out["ratio_corun_over_alone"]
+    assert 0 < c["q1"] <= c["median"] <= c["q3"]
