@@ -23,7 +23,7 @@ def _corunner(points, go, ready, idle) -> None:
             if point is None:
                 return
             op, phase, features, dtype = point
-            busy = Protocol(warmup=0, repeats=3, min_seconds=0.0, max_repeats=3)
+            busy = Protocol(warmup=0, repeats=3)  # short rounds: `go` is checked between them
             measure(op, phase, features, protocol=busy, dtype=dtype)  # built and warm
             ready.put(1)
             while go.is_set():

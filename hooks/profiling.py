@@ -138,8 +138,7 @@ class Windowed:
         if self.schedule.recording(self.step_index):
             self.window_iterations.append(self.step_index)
         # Between windows torch's step would only close and reopen its step range: skipped, it
-        # is not the hook's own cost at every iteration boundary of a run (about 0.1 ms on a
-        # busy CPU rank).
+        # is not the hook's own cost at every iteration boundary of a run.
         idle = not (self.schedule.profiled(self.step_index)
                     or self.schedule.profiled(self.step_index + 1))
         self.step_index += 1

@@ -136,17 +136,19 @@ class _Cache:
         return self.operators(calls) + sum(self.time(c) * c.count for c in calls
                                            if not isinstance(c, OpCall))
 
+    def _device_and_launches(self, calls) -> Tuple[float, float]:
+        ops = [c for c in calls if isinstance(c, OpCall)]
+        return sum(self.time(c) * c.count for c in ops), sum(c.launches * c.count for c in ops)
+
     def operators(self, calls) -> float:
         """Seconds of the operators of one run of calls, issued by the host (StepTerms.issued)."""
-        ops = [c for c in calls if isinstance(c, OpCall)]
-        return self.terms.issued(sum(self.time(c) * c.count for c in ops),
-                                 sum(c.launches * c.count for c in ops))
+        return self.terms.issued(*self._device_and_launches(calls))
 
     def host_wait(self, calls) -> float:
         """What the device waits for the host in one run of calls: its operators' issued time
         less their kernels."""
-        return self.operators(calls) - sum(self.time(c) * c.count for c in calls
-                                           if isinstance(c, OpCall))
+        device, launches = self._device_and_launches(calls)
+        return self.terms.issued(device, launches) - device
 
     def comm(self, calls, purpose: str) -> float:
         return sum(self.time(c) * c.count for c in calls
@@ -215,23 +217,18 @@ def _operator_seconds(work: StageWork, cache: _Cache,
             if cache.key(c) in cache.extrapolated:
                 extrapolated += seconds
 
-    def wait(calls, times: float, phase: str):
-        # a host-bound run of calls: the device idles between them, charged as one line
-        seconds = cache.host_wait(calls) * times
-        if seconds > 0:
-            name = f"host dispatch {phase}"
-            out[name] = out.get(name, 0.0) + seconds
-
-    add(work.layer_forward, n * micro_batches)
-    add(work.layer_backward, n * micro_batches)
-    add(work.layer_forward, work.recompute_layers * micro_batches, "recompute")
-    add(work.forward, micro_batches)
-    add(work.backward, micro_batches)
-    wait(work.layer_forward, n * micro_batches, "fwd")
-    wait(work.layer_backward, n * micro_batches, "bwd")
-    wait(work.layer_forward, work.recompute_layers * micro_batches, "recompute")
-    wait(work.forward, micro_batches, "fwd")
-    wait(work.backward, micro_batches, "bwd")
+    # each run of calls the host issues as one queue (estimate's layer phases, head, loss), and
+    # the device's wait for the host in it, charged as one line per phase
+    queued = ((work.layer_forward, n, None, "fwd"), (work.layer_backward, n, None, "bwd"),
+              (work.layer_forward, work.recompute_layers, "recompute", "recompute"),
+              (work.forward, 1, None, "fwd"), (work.backward, 1, None, "bwd"))
+    for calls, per_micro_batch, phase, issued_as in queued:
+        times = per_micro_batch * micro_batches
+        add(calls, times, phase)
+        wait = cache.host_wait(calls) * times
+        if wait > 0:
+            name = f"host dispatch {issued_as}"
+            out[name] = out.get(name, 0.0) + wait
     add(work.grad_sync, 1)
     add(work.param_allgather, 1)
     add((work.optimizer,), 1)
