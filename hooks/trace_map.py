@@ -25,7 +25,10 @@ How an event becomes an operator:
   norm/clip around a collective or the optimizer) belongs to the operator it serves: it is
   added to the nearest operator call in time within the same range instance (the latest
   one before it, else the first after it), forward or backward side as that call's event
-  was. What has no operator in its range stays unmapped. `glue` lists what was attributed.
+  was. What has no operator in its range stays unmapped, except DeepSpeed's gradient
+  reduction at data parallelism 1 (flatten, a one-rank all-reduce, copy back), which the
+  decomposition carries as an engine term, not an operator call: it maps to that term.
+  `glue` lists what was attributed.
   Host time between events inside a forward/backward range (the Python that prepares and
   issues the next operator; it is what separates a CPU op's launch from the last one) joins
   the operator issued next, except where a collective on another thread covers it (waiting
@@ -58,6 +61,7 @@ GLUE_PHASES = frozenset({"forward", "backward", "reduce_grads", "reduce_tied_gra
                          "optimizer_step", "step"})
 GAP_PHASES = frozenset({"forward", "backward"})
 HOST_GAP = "host time between operators"
+GRAD_REDUCE_TERM = "gradient reduction (engine term grad_flatten)"
 BIAS_ADD = "bias add of a RowParallelLinear (skip_bias_add)"
 SKIP_BIAS_LINEARS = frozenset({"linear2", "linear4"})
 MAX_KEPT_DURATIONS = 256  # per operator key, for the median; the rest only counts
@@ -209,6 +213,7 @@ class _Walker:
         self.anchors: List[Tuple[float, int, str]] = []
         self.glue: List[Tuple[Event, str, Optional[str]]] = []
         self.collective_spans: List[Tuple[float, float]] = []
+        self._call_spans: List[Tuple[int, float, float]] = []  # (call, start, end) of ops
         self._merged_spans: Optional[List[List[float]]] = None
         # thread -> (RowParallel linear awaiting its bias, bias seen expanded)
         self._pending_bias: Dict[int, Tuple[int, bool]] = {}
@@ -243,8 +248,10 @@ class _Walker:
         for root in self.roots:
             _, leftovers = self._visit(root, in_backward=False)
             self.glue.extend(leftovers)
+        self._uncover_calls()
         self._attribute_glue(self._host_gaps())
         self._finish_calls()
+        self._grad_reduce_term()
         return self.out
 
     def _visit(self, e: Event, in_backward: bool):
@@ -291,6 +298,7 @@ class _Walker:
                 self.calls.append([op, _features(op, feats), self.seconds(e), 0.0, 0, phase,
                                    in_backward])
                 call = len(self.calls) - 1
+                self._call_spans.append((call, e.start, e.start + e.dur))
                 self.anchors.append((e.start, call, "fwd"))
                 self._own(e, call)
                 if op in SKIP_BIAS_LINEARS and not in_backward:
@@ -420,6 +428,19 @@ class _Walker:
                 gaps.append((lo, hi, us * 1e-6))
         return gaps
 
+    def _uncover_calls(self) -> None:
+        """On a CPU an operator that runs collectives inside itself (NeoX's vocab-parallel
+        cross-entropy all-reduces its max, sum and target logits) waits for them on its own
+        thread while the backend's event on another thread carries their time: the operator
+        keeps only what no mapped collective covers, so the wait is not counted twice."""
+        if self.ctx.device == "cuda" or not self.collective_spans:
+            return
+        for call, lo, hi in self._call_spans:
+            covered = (hi - lo) - self._uncovered_us(lo, hi)
+            if covered > 0:
+                rec = self.calls[call]
+                rec[2] = max(rec[2] - covered * 1e-6, 0.0)
+
     def _uncovered_us(self, lo: float, hi: float) -> float:
         """Microseconds of [lo, hi] no mapped collective covers: a rank waiting inside
         c10d (a model-parallel region's all-reduce, say) is the collective's time."""
@@ -458,14 +479,33 @@ class _Walker:
             target = nearest(e.start, after_first=False)
             if target is None:
                 if self.phase_at(e.start) == "reduce_grads" and self.ctx.groups.dp <= 1:
-                    reason = ("gradient reduction with data parallelism 1 (DeepSpeed still "
-                              "flattens and reduces): no operator of the decomposition")
+                    self._grad_reduce(e, name)
+                    continue
                 self._unmapped(e, reason, name)
                 continue
             seconds = self.seconds(e)
             if self.ctx.device != "cuda" and self.collective_spans:
                 seconds = min(seconds, self._uncovered_us(e.start, e.start + e.dur) * 1e-6)
             self._join(target, seconds, name or e.name)
+
+    # At data parallelism 1 DeepSpeed still runs its gradient reduction: Python that buckets
+    # the gradients, a flatten, an all-reduce over a group of one, the copy back. No operator
+    # call carries that work; the decomposition's gradient-reduction term does (EngineTerms.
+    # grad_reduce, fitted on the wall time of engine.allreduce_gradients), so the whole range
+    # maps to that term, host time included, and stays out of the operator samples.
+    def _grad_reduce(self, e: Event, name: Optional[str]) -> None:
+        seconds = self.seconds(e)
+        g = self.out.glue.setdefault(name or e.name, {"calls": 0, "seconds": 0.0, "ops": {}})
+        g["calls"] += 1
+        g["seconds"] += seconds
+        g["ops"][GRAD_REDUCE_TERM] = g["ops"].get(GRAD_REDUCE_TERM, 0.0) + seconds
+
+    def _grad_reduce_term(self) -> None:
+        rng = self.out.phases.get("reduce_grads")
+        if self.ctx.groups.dp > 1 or rng is None:
+            return
+        other = sum(s for (op, ph), s in self.out.op_phases.items() if ph == "reduce_grads")
+        self.out.op_phases[(GRAD_REDUCE_TERM, "reduce_grads")] = max(rng.seconds - other, 0.0)
 
     def _join(self, target, seconds: float, name: str) -> None:
         _, call, part = target
