@@ -49,6 +49,8 @@ class Session:
         self.started = time.time()
         self._iter_rf = None
         self._after_window = False
+        self._phase_clock = False  # CPU ranks time their phases between windows (enter/leave)
+        self._phase_seconds: Dict[str, float] = {}  # the current iteration's, by phase
         self._last_summary = 0.0
         self._finished = False
         # the hook's own time at iteration boundaries, outside profiling windows: what it costs
@@ -83,6 +85,7 @@ class Session:
             import torch
             sync = torch.cuda.synchronize
         self.clock = IterationClock(runfiles.iterations_file(self.settings.run_dir, self.rank), sync)
+        self._phase_clock = f["device_type"] != "cuda"
         self.writer = SampleWriter(self.settings.run_dir, f, self.settings.job, self.settings.inject)
         from .memory import MemoryProbe
         self.memory = MemoryProbe(f["device_type"])
@@ -156,12 +159,14 @@ class Session:
                 rf, self._iter_rf = self._iter_rf, None
                 rf.__exit__(None, None, None)
             if not ok:
+                self._phase_seconds = {}
                 self.clock.abandon()
                 return
             # The iteration after a window waits for every rank to map its events: perturbed too.
             profiled = (self.windowed is not None and self.windowed.active) or self._after_window
             self._after_window = False
-            self.clock.stop(profiled)
+            phases, self._phase_seconds = self._phase_seconds, {}
+            self.clock.stop(profiled, phases if self._phase_clock and not profiled else None)
             if self.settings.inject == "iteration" and self.clock.count == 3:
                 raise InjectedFailure("injected failure after iteration 3 (PYTHON_NEOX_PERF_INJECT)")
             if self.windowed is not None:
@@ -182,7 +187,9 @@ class Session:
 
     def enter(self, phase: str):
         if self.windowed is None or not self.windowed.active:
-            return None
+            # Outside windows a CPU rank's phases are timed by the wall clock: there a phase's
+            # wall time is its work (a GPU's would be its launches, so it is not timed).
+            return (phase, time.perf_counter()) if self._phase_clock else None
 
         def go():
             from torch.autograd.profiler import record_function
@@ -192,7 +199,10 @@ class Session:
         return self.guard(f"entering {phase}", go)
 
     def leave(self, rf) -> None:
-        if rf is not None:
+        if rf.__class__ is tuple:
+            phase, t0 = rf
+            self._phase_seconds[phase] = self._phase_seconds.get(phase, 0.0) + time.perf_counter() - t0
+        elif rf is not None:
             self.guard("leaving a phase", rf.__exit__, None, None, None)
 
     # ---- profiling windows -------------------------------------------------------------

@@ -5,6 +5,10 @@ from the first forward after an optimizer step to the end of the next step() at 
 gradient-accumulation boundary. On a GPU both ends synchronise the device (as Megatron's
 timers do), otherwise the clock would stop when the kernels are queued, not when they ran.
 
+On a CPU rank the line also carries the wall seconds of each engine phase in that iteration
+("ph": forward, backward, step, ... as engine_patch labels them; nested phases are inside
+their parent's), measured outside profiling windows: the report's components come from them.
+
 Every iteration appends one line and flushes (no fsync: a killed process keeps what reached
 the OS, a power cut may lose the tail). Memory stays bounded: the full series lives in the
 file, the process keeps counters and the last few hundred values.
@@ -42,7 +46,8 @@ class IterationClock:
         self.sync()
         self._start = time.perf_counter()
 
-    def stop(self, profiled: bool) -> Optional[float]:
+    def stop(self, profiled: bool, phases: Optional[Dict[str, float]] = None) -> Optional[float]:
+        """End the iteration; ``phases``: wall seconds per engine phase in it (CPU ranks)."""
         if self._start is None:
             return None
         self.sync()
@@ -58,8 +63,10 @@ class IterationClock:
             self.max = max(self.max, seconds)
             self.total += seconds
             self.recent.append(seconds)
-        self._fh.write(json.dumps({"i": index, "s": round(seconds, 9), "p": int(profiled),
-                                   "t": round(time.time(), 3)}) + "\n")
+        rec = {"i": index, "s": round(seconds, 9), "p": int(profiled), "t": round(time.time(), 3)}
+        if phases:
+            rec["ph"] = {k: round(v, 9) for k, v in phases.items()}
+        self._fh.write(json.dumps(rec) + "\n")
         self._fh.flush()
         return seconds
 

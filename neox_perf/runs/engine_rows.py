@@ -19,24 +19,34 @@ def stage_measurements(run_dir: str) -> Optional[Dict[str, Any]]:
     backward) and per iteration (optimizer step, gradient reduction), the slowest member of
     each stage, with the recorded config and engine facts to rebuild its decomposition.
 
-    The phases come from the profiling windows, which the profiler slows down on purpose;
-    they are scaled by (median plain iteration) / (profiled iteration) so that they add up
-    to what an iteration takes without the profiler. None without windows or a config."""
-    from .report import _per_iter, _pick_job
+    CPU ranks time their phases outside the profiling windows: those medians are used as
+    they are. Otherwise the phases come from the windows, which the profiler slows down on
+    purpose; they are scaled by (median plain iteration) / (profiled iteration) so that they
+    add up to what an iteration takes without the profiler. None without either, or without
+    a config."""
+    from .report import _pick_job, _plain_phases, _window_per_iter
     ranks = _pick_job(runfiles.read_rank_summaries(run_dir), [])
-    ranks = [s for s in ranks if s.get("window_iterations")]
+    plain_phases = _plain_phases(run_dir, ranks)
+    unprofiled = bool(ranks) and all(s["rank"] in plain_phases for s in ranks)
+    if not unprofiled:
+        ranks = [s for s in ranks if s.get("window_iterations")]
     if not ranks or not (ranks[0].get("config") or {}).get("values"):
         return None
-    series: Dict[int, List[Tuple[float, bool]]] = {}
-    for s in ranks:
-        for i, sec, prof in runfiles.read_iterations(runfiles.iterations_file(run_dir, s["rank"])):
-            series.setdefault(i, []).append((sec, prof))
-    plain = [max(sec for sec, _ in v) for i, v in series.items()
-             if i > 0 and len(v) == len(ranks) and not any(p for _, p in v)]
-    profiled = max((_per_iter(s, "iteration") or 0.0) for s in ranks)
     factor = 1.0
-    if plain and profiled > 0:
-        factor = min(statistics.median(plain) / profiled, 1.0)
+    if unprofiled:
+        def per_iter(s, phase):
+            return plain_phases[s["rank"]]["phases"].get(phase)
+    else:
+        per_iter = _window_per_iter
+        series: Dict[int, List[Tuple[float, bool]]] = {}
+        for s in ranks:
+            for i, sec, prof in runfiles.read_iterations(runfiles.iterations_file(run_dir, s["rank"])):
+                series.setdefault(i, []).append((sec, prof))
+        plain = [max(sec for sec, _ in v) for i, v in series.items()
+                 if i > 0 and len(v) == len(ranks) and not any(p for _, p in v)]
+        profiled = max((_window_per_iter(s, "iteration") or 0.0) for s in ranks)
+        if plain and profiled > 0:
+            factor = min(statistics.median(plain) / profiled, 1.0)
     ref = ranks[0]
     facts = ref.get("facts") or {}
     m = int(facts.get("micro_batches") or facts.get("gradient_accumulation_steps") or 1)
@@ -45,11 +55,12 @@ def stage_measurements(run_dir: str) -> Optional[Dict[str, Any]]:
         st = str(int((s.get("facts") or {}).get("stage") or 0))
         row = stages.setdefault(st, {})
         for phase, per in (("forward", m), ("backward", m), ("optimizer_step", 1), ("reduce_grads", 1)):
-            v = _per_iter(s, phase)
+            v = per_iter(s, phase)
             if v is not None:
                 row[phase] = max(row.get(phase) or 0.0, v * factor / per)
     return {"job": ref.get("job"), "config": ref.get("config"), "facts": facts,
-            "profiler_factor": factor, "stages": stages}
+            "profiler_factor": factor, "phases_from": "outside windows" if unprofiled else "windows",
+            "stages": stages}
 
 
 class EngineRows:

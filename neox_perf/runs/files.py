@@ -91,6 +91,25 @@ def read_rank_summaries(run_dir: str) -> List[Dict[str, Any]]:
     return sorted(out, key=lambda d: d.get("rank", 0))
 
 
+def read_iteration_phases(path: str):
+    """[(index, {phase: seconds})] of the iterations timed outside profiling windows that carry
+    per-phase wall time (CPU ranks); a torn last line is skipped."""
+    out = []
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                try:
+                    rec = json.loads(line)
+                    ph = rec.get("ph")
+                    if isinstance(ph, dict) and not rec.get("p", 0):
+                        out.append((int(rec["i"]), {str(k): float(v) for k, v in ph.items()}))
+                except (ValueError, KeyError, TypeError, AttributeError):
+                    continue
+    except FileNotFoundError:
+        pass
+    return out
+
+
 def read_iterations(path: str):
     """[(index, seconds, profiled)] from a JSON-lines file; a torn last line is skipped."""
     out = []

@@ -3,8 +3,10 @@
 Measured iteration times come from every rank's iterations file: an iteration of the job
 is the slowest rank's time at that index; iterations inside profiling windows (slowed by
 the profiler on purpose) and the first one (warm-up) are left out of min and median.
-Phase components (forward, backward, optimizer, gradient reduction, p2p) and operators
-come from the profiling windows, per iteration / per call. No rich, no torch.
+Phase components (forward, backward, optimizer, gradient reduction, p2p) come from the wall
+time a CPU rank records per phase outside the profiling windows (median over iterations),
+else from the windows; operators and collectives by group come from the windows, per
+iteration / per call. No rich, no torch.
 """
 from __future__ import annotations
 
@@ -69,7 +71,7 @@ def _iterations(run_dir: str, ranks: List[dict], notes: List[str]) -> Dict[str, 
             "excluded": "the first iteration (warm-up) and iterations inside profiling windows"}
 
 
-def _per_iter(s: dict, phase: str) -> Optional[float]:
+def _window_per_iter(s: dict, phase: str) -> Optional[float]:
     n = s.get("window_iterations") or 0
     p = (s.get("phases") or {}).get(phase)
     if not n or not p:
@@ -85,11 +87,29 @@ def _op_phase(s: dict, op: str, phases) -> Optional[float]:
                if r["op"] == op and r["phase"] in phases) / n
 
 
-def _by_stage(ranks: List[dict]) -> Dict[int, List[dict]]:
+def _by_stage(ranks: List[dict], plain: Optional[Dict[int, dict]] = None) -> Dict[int, List[dict]]:
     out: Dict[int, List[dict]] = {}
     for s in ranks:
-        if s.get("window_iterations"):
+        if s.get("window_iterations") or (plain or {}).get(s["rank"]):
             out.setdefault(int((s.get("facts") or {}).get("stage") or 0), []).append(s)
+    return out
+
+
+def _plain_phases(run_dir: str, ranks: List[dict]) -> Dict[int, dict]:
+    """Per rank: the median over its iterations outside profiling windows (the first left
+    out) of each phase's wall seconds, and of the iteration's; only ranks that timed their
+    phases (CPU ranks: on a GPU a phase's wall time is its launches)."""
+    out: Dict[int, dict] = {}
+    for s in ranks:
+        path = runfiles.iterations_file(run_dir, s["rank"])
+        rows = {i: ph for i, ph in runfiles.read_iteration_phases(path) if i > 0}
+        its = {i: sec for i, sec, prof in read_iterations(path) if i in rows and not prof}
+        if not its:
+            continue
+        names = set().union(*(rows[i] for i in its))
+        med = {p: statistics.median(rows[i].get(p, 0.0) for i in its) for p in names}
+        med["iteration"] = statistics.median(its.values())
+        out[s["rank"]] = {"phases": med, "iterations": len(its)}
     return out
 
 
@@ -98,8 +118,18 @@ def _max(values) -> Optional[float]:
     return max(values) if values else None
 
 
-def _components(ranks: List[dict], pred: Dict[str, Any], m: int) -> List[dict]:
-    stages = _by_stage(ranks)
+def _components(ranks: List[dict], pred: Dict[str, Any], m: int,
+                plain: Optional[Dict[int, dict]] = None) -> List[dict]:
+    """Predicted against measured per component. A rank's phases are measured outside the
+    profiling windows where it timed them (``plain``), else inside them (slowed by the
+    profiler); what only the trace can tell (collectives by group) comes from the windows."""
+    plain = plain or {}
+    stages = _by_stage(ranks, plain)
+
+    def _per_iter(s: dict, phase: str) -> Optional[float]:
+        if s["rank"] in plain:
+            return plain[s["rank"]]["phases"].get(phase)
+        return _window_per_iter(s, phase)
     pstages = pred.get("stages") or []
     bd = pred.get("breakdown") or {}
     rows: List[dict] = []
@@ -202,7 +232,7 @@ def _coverage(ranks: List[dict]) -> List[dict]:
             continue
         # A plain engine reduces gradients inside backward; a pipeline in its own instruction.
         phases = ("forward", "backward") + (("reduce_grads",) if s["facts"].get("pipeline") else ())
-        phase = sum(_per_iter(s, p) or 0 for p in phases)
+        phase = sum(_window_per_iter(s, p) or 0 for p in phases)
         mapped = sum(r["seconds"] for r in s.get("op_phases") or []
                      if r["phase"] in ("forward", "backward", "reduce_grads")) / n
         out.append({"rank": s["rank"], "stage": s["facts"].get("stage"),
@@ -272,6 +302,12 @@ def build(run_dir: str, cluster: Optional[str] = None, profile=None, top: int = 
         pred["notes"].append("no NeoX config, so no iteration prediction: "
                              + str((ref.get("config") or {}).get("why")))
     iters = _iterations(run_dir, ranks, notes)
+    plain = _plain_phases(run_dir, ranks)
+    if plain:
+        n = min(p["iterations"] for p in plain.values())
+        notes.append(f"components: each phase's wall time outside the profiling windows, median "
+                     f"of {n}+ iterations per rank; operators and collectives by group: from the "
+                     f"profiling windows (slowed by the profiler)")
     m = int(facts.get("micro_batches") or facts.get("gradient_accumulation_steps") or 1)
     p_it = pred.get("iteration_seconds")
     for s in ranks:
@@ -303,7 +339,7 @@ def build(run_dir: str, cluster: Optional[str] = None, profile=None, top: int = 
         "iteration": {"measured": iters, "predicted": p_it, "error_min": _err(p_it, iters["min"]),
                       "error_median": _err(p_it, iters["median"]),
                       "interval_seconds": pred.get("interval_seconds")},
-        "components": _components(ranks, pred, m),
+        "components": _components(ranks, pred, m, plain),
         "operators": _operators(ranks, profile, top),
         "unmapped": _unmapped(ranks, top),
         "coverage": _coverage(ranks),

@@ -287,3 +287,42 @@ def test_a_cpu_profile_on_a_cpu_run_has_no_gpu_warnings(hooked, tiny_home, tmp_p
         bundled = cli(["report", run, "--cluster", hooked["cluster"], "--json"], cwd=tmp_path, env=env)
         notes = " ".join(json.loads(bundled.stdout)["notes"])
         assert "expect large errors" in notes
+
+
+def test_stage_times_come_from_outside_the_windows_when_the_ranks_timed_them(tmp_path):
+    import json as _json
+
+    from neox_perf.runs import files as runfiles
+    from neox_perf.runs.engine_rows import stage_measurements
+
+    def write(rank, stage, lines, windows=2):
+        summary = {"schema": runfiles.SCHEMA, "rank": rank, "job": "j", "started": 1.0,
+                   "config": {"values": {"num_layers": 2}}, "window_iterations": windows,
+                   "facts": {"stage": stage, "micro_batches": 2, "pipeline": True, "dp": 1},
+                   # the profiler doubled everything inside the windows
+                   "phases": {"iteration": {"calls": 2, "seconds": 4.0},
+                              "forward": {"calls": 4, "seconds": 1.6}}}
+        with open(runfiles.rank_file(str(tmp_path), rank), "w") as fh:
+            _json.dump(summary, fh)
+        with open(runfiles.iterations_file(str(tmp_path), rank), "w") as fh:
+            for rec in lines:
+                fh.write(_json.dumps(rec) + "\n")
+
+    plain = [{"i": i, "s": 1.0, "p": 0, "ph": {"forward": f, "backward": 0.5}}
+             for i, f in enumerate((0.9, 0.40, 0.44, 0.42))]  # the first one (warm-up) is left out
+    profiled = [{"i": 4, "s": 2.0, "p": 1}, {"i": 5, "s": 2.0, "p": 1}]
+    write(0, 0, plain + profiled)
+    write(1, 1, [{**r, "ph": {"forward": r["ph"]["forward"] / 2, "backward": 0.6}} for r in plain])
+    got = stage_measurements(str(tmp_path))
+    assert got["phases_from"] == "outside windows" and got["profiler_factor"] == 1.0
+    assert got["stages"]["0"]["forward"] == pytest.approx(0.42 / 2)  # median, per micro-batch
+    assert got["stages"]["1"]["backward"] == pytest.approx(0.6 / 2)
+    # a rank without phase times (a GPU rank): all from the windows, scaled to plain speed
+    write(1, 1, plain + profiled)
+    with open(runfiles.iterations_file(str(tmp_path), 1), "w") as fh:
+        for rec in plain + profiled:
+            fh.write(_json.dumps({k: v for k, v in rec.items() if k != "ph"}) + "\n")
+    got = stage_measurements(str(tmp_path))
+    assert got["phases_from"] == "windows"
+    assert got["profiler_factor"] == pytest.approx(0.5)  # 1 s plain against 2 s profiled
+    assert got["stages"]["0"]["forward"] == pytest.approx(1.6 / 2 * 0.5 / 2)

@@ -136,6 +136,15 @@ def test_report_predicted_vs_measured(hooked):
     for name in ("stage 0 forward (per micro-batch)", "stage 1 backward (per micro-batch)",
                  "optimizer", "pp_p2p"):
         assert comp[name]["measured"] > 0, name
+    # a CPU rank's phases are measured outside the profiling windows: the median of each
+    # phase's wall time over the iterations the iteration table uses (1, 2 and 11)
+    from neox_perf.runs.files import read_iteration_phases
+    for stage in (0, 1):
+        rows = dict(read_iteration_phases(str(hooked["run_dir"] / f"rank-{stage:05d}.iterations.jsonl")))
+        assert sorted(rows) == [0, 1, 2, 11]
+        fwd = sorted(rows[i]["forward"] for i in (1, 2, 11))[1] / 2  # 2 micro-batches
+        assert comp[f"stage {stage} forward (per micro-batch)"]["measured"] == pytest.approx(fwd)
+    assert any("outside the profiling windows" in n for n in r["notes"])
     assert r["operators"] and r["samples"]["count"] > 20
     if hooked["cluster"]:
         assert r["cluster"] == hooked["cluster"]

@@ -105,3 +105,19 @@ def test_training_errors_pass_through_untouched(session):
     with pytest.raises(RuntimeError, match="normalized_shape"):
         engine(torch.zeros(2, 3))  # wrong width: the model's own error
     assert session.live  # the user's error is not the hook's
+
+
+def test_cpu_phases_are_timed_outside_windows_only(session, tmp_path):
+    from neox_perf.runs.files import read_iteration_phases
+    engine = Engine()
+    session.attach(engine, (), {})
+    train(engine)
+    path = str(tmp_path / "rank-00000.iterations.jsonl")
+    its = {i: (sec, p) for i, sec, p in read_iterations(path)}
+    phases = dict(read_iteration_phases(path))
+    # profiled iterations (1-4) carry no phase times: the profiler slows them
+    assert sorted(phases) == [i for i, (_, p) in sorted(its.items()) if not p] == [0, 5]
+    for i, ph in phases.items():
+        assert set(ph) == {"forward", "backward", "step"}
+        # every phase is inside the iteration, and together they are most of it
+        assert 0.5 * its[i][0] < sum(ph.values()) <= its[i][0]
