@@ -91,36 +91,35 @@ def read_rank_summaries(run_dir: str) -> List[Dict[str, Any]]:
     return sorted(out, key=lambda d: d.get("rank", 0))
 
 
-def read_iteration_phases(path: str):
-    """[(index, {phase: seconds})] of the iterations timed outside profiling windows that carry
-    per-phase wall time (CPU ranks); a torn last line is skipped."""
+def _read_lines(path: str, parse):
+    """[parse(record)] of a JSON-lines file's records; a record ``parse`` cannot read (a torn
+    last line, a field of the wrong type) is skipped, and so is one it maps to None."""
     out = []
     try:
         with open(path, encoding="utf-8") as fh:
             for line in fh:
                 try:
-                    rec = json.loads(line)
-                    ph = rec.get("ph")
-                    if isinstance(ph, dict) and not rec.get("p", 0):
-                        out.append((int(rec["i"]), {str(k): float(v) for k, v in ph.items()}))
+                    item = parse(json.loads(line))
                 except (ValueError, KeyError, TypeError, AttributeError):
                     continue
+                if item is not None:
+                    out.append(item)
     except FileNotFoundError:
         pass
     return out
+
+
+def read_iteration_phases(path: str):
+    """[(index, {phase: seconds})] of the iterations timed outside profiling windows that carry
+    per-phase wall time (CPU ranks)."""
+    def parse(rec):
+        ph = rec.get("ph")
+        if not isinstance(ph, dict) or rec.get("p", 0):
+            return None
+        return int(rec["i"]), {str(k): float(v) for k, v in ph.items()}
+    return _read_lines(path, parse)
 
 
 def read_iterations(path: str):
     """[(index, seconds, profiled)] from a JSON-lines file; a torn last line is skipped."""
-    out = []
-    try:
-        with open(path, encoding="utf-8") as fh:
-            for line in fh:
-                try:
-                    rec = json.loads(line)
-                    out.append((int(rec["i"]), float(rec["s"]), bool(rec.get("p", 0))))
-                except (ValueError, KeyError, TypeError):
-                    continue
-    except FileNotFoundError:
-        pass
-    return out
+    return _read_lines(path, lambda rec: (int(rec["i"]), float(rec["s"]), bool(rec.get("p", 0))))
