@@ -129,9 +129,12 @@ def test_report_predicted_vs_measured(hooked):
     m = r["iteration"]["measured"]
     assert m["count"] == ITERS and m["used"] == 3  # 1, 2 and 11
     assert 0 < m["min"] <= m["median"]
-    # the hook accounts for its own time at iteration boundaries between windows: there, and small
+    # the hook accounts for its own time at iteration boundaries between windows: there, and
+    # small -- under a millisecond per iteration (~0.1-0.3 ms on this 2-core box), so at most
+    # 1% of a step of 100 ms or more; this toy pipeline's step is ~18 ms, where that share
+    # would sit at the bound and fail on a busy moment, so its share is held to 5%
     hook = m["hook_overhead"]
-    assert 0 < hook["per_iteration_seconds"] and 0 < hook["share"] < 0.01
+    assert 0 < hook["per_iteration_seconds"] < 1e-3 and 0 < hook["share"] < 0.05
     comp = {c["name"]: c for c in r["components"]}
     for name in ("stage 0 forward (per micro-batch)", "stage 1 backward (per micro-batch)",
                  "optimizer", "pp_p2p"):
