@@ -494,11 +494,7 @@ class _Walker:
     # grad_reduce, fitted on the wall time of engine.allreduce_gradients), so the whole range
     # maps to that term, host time included, and stays out of the operator samples.
     def _grad_reduce(self, e: Event, name: Optional[str]) -> None:
-        seconds = self.seconds(e)
-        g = self.out.glue.setdefault(name or e.name, {"calls": 0, "seconds": 0.0, "ops": {}})
-        g["calls"] += 1
-        g["seconds"] += seconds
-        g["ops"][GRAD_REDUCE_TERM] = g["ops"].get(GRAD_REDUCE_TERM, 0.0) + seconds
+        self._glue(name or e.name, GRAD_REDUCE_TERM, self.seconds(e))
 
     def _grad_reduce_term(self) -> None:
         rng = self.out.phases.get("reduce_grads")
@@ -510,11 +506,14 @@ class _Walker:
     def _join(self, target, seconds: float, name: str) -> None:
         _, call, part = target
         self.calls[call][2 if part == "fwd" else 3] += seconds
+        self._glue(name, f"{self.calls[call][0]} {part}", seconds)
+
+    def _glue(self, name: str, joined: str, seconds: float) -> None:
+        """List `seconds` of the unnamed event `name` as attributed to `joined`."""
         g = self.out.glue.setdefault(name, {"calls": 0, "seconds": 0.0, "ops": {}})
         g["calls"] += 1
         g["seconds"] += seconds
-        op = f"{self.calls[call][0]} {part}"
-        g["ops"][op] = g["ops"].get(op, 0.0) + seconds
+        g["ops"][joined] = g["ops"].get(joined, 0.0) + seconds
 
     def _unmapped(self, e: Event, reason: str, name: Optional[str] = None) -> None:
         key = name or e.name

@@ -24,7 +24,7 @@ def stage_measurements(run_dir: str) -> Optional[Dict[str, Any]]:
     purpose; they are scaled by (median plain iteration) / (profiled iteration) so that they
     add up to what an iteration takes without the profiler. None without either, or without
     a config."""
-    from .report import _pick_job, _plain_phases, _window_per_iter
+    from .report import _phase_per_iter, _pick_job, _plain_phases, _window_per_iter
     ranks = _pick_job(runfiles.read_rank_summaries(run_dir), [])
     plain_phases = _plain_phases(run_dir, ranks)
     unprofiled = bool(ranks) and all(s["rank"] in plain_phases for s in ranks)
@@ -33,11 +33,7 @@ def stage_measurements(run_dir: str) -> Optional[Dict[str, Any]]:
     if not ranks or not (ranks[0].get("config") or {}).get("values"):
         return None
     factor = 1.0
-    if unprofiled:
-        def per_iter(s, phase):
-            return plain_phases[s["rank"]]["phases"].get(phase)
-    else:
-        per_iter = _window_per_iter
+    if not unprofiled:
         series: Dict[int, List[Tuple[float, bool]]] = {}
         for s in ranks:
             for i, sec, prof in runfiles.read_iterations(runfiles.iterations_file(run_dir, s["rank"])):
@@ -55,7 +51,7 @@ def stage_measurements(run_dir: str) -> Optional[Dict[str, Any]]:
         st = str(int((s.get("facts") or {}).get("stage") or 0))
         row = stages.setdefault(st, {})
         for phase, per in (("forward", m), ("backward", m), ("optimizer_step", 1), ("reduce_grads", 1)):
-            v = per_iter(s, phase)
+            v = _phase_per_iter(s, phase, plain_phases if unprofiled else {})
             if v is not None:
                 row[phase] = max(row.get(phase) or 0.0, v * factor / per)
     return {"job": ref.get("job"), "config": ref.get("config"), "facts": facts,

@@ -110,13 +110,13 @@ def _read_lines(path: str, parse):
 
 
 def read_iteration_phases(path: str):
-    """[(index, {phase: seconds})] of the iterations timed outside profiling windows that carry
-    per-phase wall time (CPU ranks)."""
+    """[(index, seconds, {phase: seconds})] of the iterations timed outside profiling windows
+    that carry per-phase wall time (CPU ranks)."""
     def parse(rec):
         ph = rec.get("ph")
         if not isinstance(ph, dict) or rec.get("p", 0):
             return None
-        return int(rec["i"]), {str(k): float(v) for k, v in ph.items()}
+        return int(rec["i"]), float(rec["s"]), {str(k): float(v) for k, v in ph.items()}
     return _read_lines(path, parse)
 
 

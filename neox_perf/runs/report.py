@@ -101,16 +101,23 @@ def _plain_phases(run_dir: str, ranks: List[dict]) -> Dict[int, dict]:
     phases (CPU ranks: on a GPU a phase's wall time is its launches)."""
     out: Dict[int, dict] = {}
     for s in ranks:
-        path = runfiles.iterations_file(run_dir, s["rank"])
-        rows = {i: ph for i, ph in runfiles.read_iteration_phases(path) if i > 0}
-        its = {i: sec for i, sec, prof in read_iterations(path) if i in rows and not prof}
-        if not its:
+        rows = [(sec, ph) for i, sec, ph in
+                runfiles.read_iteration_phases(runfiles.iterations_file(run_dir, s["rank"])) if i > 0]
+        if not rows:
             continue
-        names = set().union(*(rows[i] for i in its))
-        med = {p: statistics.median(rows[i].get(p, 0.0) for i in its) for p in names}
-        med["iteration"] = statistics.median(its.values())
-        out[s["rank"]] = {"phases": med, "iterations": len(its)}
+        names = set().union(*(ph for _, ph in rows))
+        med = {p: statistics.median(ph.get(p, 0.0) for _, ph in rows) for p in names}
+        med["iteration"] = statistics.median(sec for sec, _ in rows)
+        out[s["rank"]] = {"phases": med, "iterations": len(rows)}
     return out
+
+
+def _phase_per_iter(s: dict, phase: str, plain: Dict[int, dict]) -> Optional[float]:
+    """A rank's seconds per iteration in `phase`: timed outside the windows where it timed its
+    phases (`plain`, from _plain_phases), else from the windows."""
+    if s["rank"] in plain:
+        return plain[s["rank"]]["phases"].get(phase)
+    return _window_per_iter(s, phase)
 
 
 def _max(values) -> Optional[float]:
@@ -127,9 +134,7 @@ def _components(ranks: List[dict], pred: Dict[str, Any], m: int,
     stages = _by_stage(ranks, plain)
 
     def _per_iter(s: dict, phase: str) -> Optional[float]:
-        if s["rank"] in plain:
-            return plain[s["rank"]]["phases"].get(phase)
-        return _window_per_iter(s, phase)
+        return _phase_per_iter(s, phase, plain)
     pstages = pred.get("stages") or []
     bd = pred.get("breakdown") or {}
     rows: List[dict] = []

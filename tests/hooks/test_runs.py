@@ -143,7 +143,8 @@ def test_report_predicted_vs_measured(hooked):
     # phase's wall time over the iterations the iteration table uses (1, 2 and 11)
     from neox_perf.runs.files import read_iteration_phases
     for stage in (0, 1):
-        rows = dict(read_iteration_phases(str(hooked["run_dir"] / f"rank-{stage:05d}.iterations.jsonl")))
+        rows = {i: ph for i, _, ph in
+                read_iteration_phases(str(hooked["run_dir"] / f"rank-{stage:05d}.iterations.jsonl"))}
         assert sorted(rows) == [0, 1, 2, 11]
         fwd = sorted(rows[i]["forward"] for i in (1, 2, 11))[1] / 2  # 2 micro-batches
         assert comp[f"stage {stage} forward (per micro-batch)"]["measured"] == pytest.approx(fwd)
