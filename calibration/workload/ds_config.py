@@ -35,11 +35,11 @@ def build_ds_config(cfg, device_type: str) -> Tuple[dict, List[str]]:
     params = optimizer_params(cfg)
     if t.optimizer_type not in ("adam", "adamw"):
         notes.append(f"optimizer {t.optimizer_type!r} replaced by Adam")
-    if device_type == "cpu":
-        # DeepSpeed's default Adam is FusedAdam, a CUDA kernel. adam_w_mode stays at its
-        # default (on), so this is torch AdamW, as FusedAdam's default is.
-        params["torch_adam"] = True
-        notes.append("optimizer: torch.optim.AdamW (DeepSpeed's FusedAdam needs CUDA)")
+    # No torch_adam: DeepSpeed builds its FusedAdam (AdamW mode), which is what NeoX builds
+    # without apex (megatron/training.py get_optimizer) -- on a GPU its multi-tensor kernel, on
+    # a CPU the fused_adam op DeepSpeed JIT-compiles for its CPU accelerator. Calibrating with
+    # torch's AdamW instead timed a different optimizer: on this box NeoX's CPU step took
+    # about half the engine term's prediction.
     config = {
         "train_batch_size": t.train_batch_size,
         "train_micro_batch_size_per_gpu": t.micro_batch_size,

@@ -104,5 +104,6 @@ def result(args, cfg, wc, engine, records, losses, init_seconds, ds_config, note
         "seed": wc.seed,
         "deterministic": bool(args.deterministic),
         "deepspeed_config": ds_config,
+        "optimizer": type(getattr(engine.optimizer, "optimizer", engine.optimizer)).__name__,
         "notes": notes,
     }

@@ -25,6 +25,7 @@ def test_engine_worker_measures_and_resumes(tmp_path):
     assert row["precision"] == "fp32" and row["layers"] == 2 and row["tensors"] == 2 * 12 + 1 + 2 + 1
     for key in ("forward", "layer_forward", "backward", "layer_backward", "step", "flatten", "accumulate"):
         assert row[key] > 0, key
+        assert row[f"{key}_best"] <= row[key], key  # the median repeat, its fastest beside it
     assert row["layer_forward"] < row["forward"] and row["layer_backward"] < row["backward"]
     assert seen[-1][0] == seen[-1][1] == 2
     assert json.loads(path.read_text())["processes"] == 2

@@ -118,3 +118,29 @@ def test_fit_zero_recovers_the_terms():
     one = {k: {**r, "processes": 1} for k, r in rows.items()}
     assert set(_fit_zero(one)[0]) == {"zero_reduce", "zero_step"}
     assert _fit_zero({}) == ({}, [])
+
+
+def test_engine_passes_keep_each_phase_median_and_its_fastest_beside_it():
+    from neox_perf.calibration.engine import typical_step
+    rows = [{"reduce": r, "step": s, "allreduce": a}
+            for r, s, a in ((0.05, 0.2, 0.010), (0.04, 0.3, 0.030), (0.06, 0.25, 0.018),
+                            (0.045, 0.22, 0.012), (0.07, 0.21, 0.025))]
+    got = typical_step(rows)
+    assert got == {"reduce": 0.05, "step": 0.22, "allreduce": 0.018,
+                   "reduce_best": 0.04, "step_best": 0.2, "allreduce_best": 0.010}
+    with pytest.raises(ValueError):
+        typical_step([])
+
+
+def test_fit_zero_reports_how_far_the_median_collective_sits_above_the_fastest():
+    rows = {str(i): {"zero_stage": 1, "processes": 2, "params": p, "partition": p / 2,
+                     "reduce": 0.003 + 2e-9 * p, "step": 0.001 + 5e-9 * p / 2,
+                     "allreduce_elements": p, "allreduce": 1.5 * (2e-4 + 3e-9 * p),
+                     "allreduce_best": 2e-4 + 3e-9 * p,
+                     "allgather_elements": p / 2, "allgather": 1e-4 + 9e-9 * p / 2}
+            for i, p in enumerate((2e6, 6e6, 1.5e7))}
+    terms, table = _fit_zero(rows)
+    assert terms["dp_allreduce"]["median_over_fastest"] == pytest.approx(1.5)
+    assert "1.50x the fastest" in table[2].note
+    # rows of an engine calibration made before the median was kept: no figure, same curve
+    assert "median_over_fastest" not in terms["dp_allgather"]
