@@ -25,7 +25,6 @@ def test_engine_worker_measures_and_resumes(tmp_path):
     assert row["precision"] == "fp32" and row["layers"] == 2 and row["tensors"] == 2 * 12 + 1 + 2 + 1
     for key in ("forward", "layer_forward", "backward", "layer_backward", "step", "flatten", "accumulate"):
         assert row[key] > 0, key
-        assert row[f"{key}_best"] <= row[key], key  # the median repeat, its fastest beside it
     assert row["layer_forward"] < row["forward"] and row["layer_backward"] < row["backward"]
     assert seen[-1][0] == seen[-1][1] == 2
     assert json.loads(path.read_text())["processes"] == 2
@@ -36,6 +35,8 @@ def test_engine_worker_measures_and_resumes(tmp_path):
     assert 0 <= zero["partition"] - row["params"] / 2 < 64 and zero["allgather_elements"] == zero["partition"]
     for key in ("reduce", "allreduce", "step", "allgather"):
         assert zero[key] > 0, key
+    for key in ("allreduce", "allgather"):  # the collectives' median repeat, their fastest beside it
+        assert 0 < zero[f"{key}_best"] <= zero[key], key
     again = run_engine(path, "cpu", shapes=(TINY_SHAPE,))
     assert again["measured"] == 0 and again["zero"]["measured"] == 0
 

@@ -120,16 +120,16 @@ def test_fit_zero_recovers_the_terms():
     assert _fit_zero({}) == ({}, [])
 
 
-def test_engine_passes_keep_each_phase_median_and_its_fastest_beside_it():
-    from neox_perf.calibration.engine import typical_step
-    rows = [{"reduce": r, "step": s, "allreduce": a}
-            for r, s, a in ((0.05, 0.2, 0.010), (0.04, 0.3, 0.030), (0.06, 0.25, 0.018),
-                            (0.045, 0.22, 0.012), (0.07, 0.21, 0.025))]
-    got = typical_step(rows)
-    assert got == {"reduce": 0.05, "step": 0.22, "allreduce": 0.018,
-                   "reduce_best": 0.04, "step_best": 0.2, "allreduce_best": 0.010}
+def test_zero_pass_keeps_the_collectives_median_and_the_own_work_fastest():
+    from neox_perf.calibration.engine import zero_statistics
+    rows = [{"reduce": r, "step": s, "allreduce": a, "allgather": g}
+            for r, s, a, g in ((0.05, 0.2, 0.010, 0.004), (0.04, 0.3, 0.030, 0.009),
+                               (0.06, 0.25, 0.018, 0.005), (0.045, 0.22, 0.012, 0.020),
+                               (0.07, 0.21, 0.025, 0.006))]
+    assert zero_statistics(rows) == {"reduce": 0.04, "step": 0.2, "allreduce": 0.018, "allgather": 0.006,
+                                     "allreduce_best": 0.010, "allgather_best": 0.004}
     with pytest.raises(ValueError):
-        typical_step([])
+        zero_statistics([])
 
 
 def test_fit_zero_reports_how_far_the_median_collective_sits_above_the_fastest():
