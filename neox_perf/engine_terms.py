@@ -18,6 +18,7 @@ manifest and the calibrate table.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, Mapping, Optional, Tuple
 
@@ -39,12 +40,33 @@ class Residual:
     seconds: float
     per_unit: float
     extra: Mapping[str, Any] = field(default_factory=dict)  # feature and fit statistics
+    # (operators, measured / operators) at the measured shapes, by operators: where the fit
+    # chose them, the residual inside their range is interpolated between them (over log
+    # operators) instead of read off the straight line
+    ratios: Tuple[Tuple[float, float], ...] = ()
+
+    def __post_init__(self):
+        xs = [x for x, _ in self.ratios]
+        if any(not (x > 0 and r > 0) for x, r in self.ratios) or xs != sorted(xs) \
+                or len(set(xs)) != len(xs) or len(xs) == 1:
+            raise ValueError("ratios must be (operators > 0, ratio > 0) pairs, at least two, "
+                             "by increasing operators")
 
     def at(self, x: float) -> float:
+        pts = self.ratios
+        if pts and pts[0][0] <= x <= pts[-1][0]:
+            lx = math.log(x)
+            for (x0, r0), (x1, r1) in zip(pts, pts[1:]):
+                if x <= x1:
+                    w = (lx - math.log(x0)) / (math.log(x1) - math.log(x0))
+                    return (r0 + w * (r1 - r0) - 1.0) * x
         return self.seconds + self.per_unit * x
 
     def to_dict(self) -> Dict[str, Any]:
-        return {"seconds": self.seconds, "per_unit": self.per_unit, **self.extra}
+        out = {"seconds": self.seconds, "per_unit": self.per_unit, **self.extra}
+        if self.ratios:
+            out["ratios"] = [list(p) for p in self.ratios]
+        return out
 
 
 @dataclass(frozen=True)
@@ -104,7 +126,9 @@ class EngineSection:
             try:
                 if key in RESIDUALS and value:
                     residuals[key] = Residual(float(value["seconds"]), float(value["per_unit"]),
-                                              _rest(value, ("seconds", "per_unit")))
+                                              _rest(value, ("seconds", "per_unit", "ratios")),
+                                              tuple((float(a), float(b))
+                                                    for a, b in value.get("ratios") or ()))
                 elif key in LINEARS and value:
                     coef = value["coef"]
                     unknown = set(coef) - set(COEFFICIENTS)

@@ -64,3 +64,17 @@ def test_an_old_term_is_kept_through_the_dataclass():
     refit = EngineSection.parse({k: v for k, v in SECTION.items() if k != "tp_allreduce"})
     kept = refit.with_terms_of(old, "tp_allreduce")
     assert kept.to_dict() == SECTION and "tp_allreduce" not in refit.to_dict()
+
+
+def test_a_layer_residual_interpolates_between_its_measured_shapes():
+    ratios = [[0.002, 1.5], [0.02, 1.15], [0.2, 1.01]]
+    term = {"seconds": 1e-3, "per_unit": 0.05, "feature": "operators", "ratios": ratios}
+    sec = EngineSection.parse({"precision": "fp32", "layer_forward": term})
+    res = sec.residuals["layer_forward"]
+    assert res.at(0.02) == pytest.approx(0.15 * 0.02)  # at a measured shape: its own ratio
+    mid = (0.002 * 0.02) ** 0.5  # halfway in log operators
+    assert res.at(mid) == pytest.approx((1.5 + 1.15) / 2 * mid - mid)
+    assert res.at(1.0) == pytest.approx(1e-3 + 0.05)  # outside the measured range: the line
+    assert sec.to_dict()["layer_forward"] == term
+    with pytest.raises(EngineTermsError):
+        EngineSection.parse({"precision": "fp32", "layer_forward": {**term, "ratios": [[0.2, 1.0], [0.02, 1.1]]}})
