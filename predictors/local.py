@@ -322,10 +322,10 @@ def _engine_prediction(profile, keys: dict, vocab: int, precision: str) -> dict:
             "param_tensors": work.param_tensors}
 
 
-def _residual_fit(x: np.ndarray, r: np.ndarray, m: np.ndarray) -> Tuple[np.ndarray, float, float]:
+def _residual_fit(x: np.ndarray, r: np.ndarray, m: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     """[c0, c1] minimising sum(((c0 + c1 x - r) / m)^2): the residual r of a measured time m as a
-    fixed part plus a part growing with x; and the leave-one-out mean / max relative error of
-    (operators + c0 + c1 x) against m."""
+    fixed part plus a part growing with x; and the leave-one-out relative error of
+    (operators + c0 + c1 x) against m, per row."""
     design = np.column_stack([np.ones_like(x), x]) / m[:, None]
     target = r / m
 
@@ -334,29 +334,24 @@ def _residual_fit(x: np.ndarray, r: np.ndarray, m: np.ndarray) -> Tuple[np.ndarr
     coef = solve(np.arange(len(x)))
     errs = [abs((m[i] - r[i] + (design[i] * m[i]) @ solve(np.arange(len(x)) != i)) / m[i] - 1.0)
             for i in range(len(x))]
-    return coef, float(np.mean(errs)), float(np.max(errs))
+    return coef, np.array(errs)
 
 
-def _ratio_curve(x: np.ndarray, r: np.ndarray, m: np.ndarray) -> Optional[dict]:
+def _ratio_curve(x: np.ndarray, m: np.ndarray, line_errors: np.ndarray) -> Optional[dict]:
     """A layer's in-situ time over its operators' (m / x) interpolated over log x between the
     measured shapes, when that predicts the interior shapes, each left out in turn, better than
-    the straight residual does. The ratio is not linear in the operators: on this project's
-    CPU it fell from ~1.5 at 3 ms of operators per layer to ~1.15 at 20 ms and ~1.01 at 300
-    ms, and a line through all of them under-predicted the shapes between."""
+    the straight residual does (``line_errors``: its leave-one-out errors, _residual_fit's).
+    The ratio is not linear in the operators: on this project's CPU it fell from ~1.5 at 3 ms
+    of operators per layer to ~1.15 at 20 ms and ~1.01 at 300 ms, and a line through all of
+    them under-predicted the shapes between."""
     order = np.argsort(x)
-    x, r, m = x[order], r[order], m[order]
+    x, m, line_errors = x[order], m[order], line_errors[order]
     if len(x) < 4 or len(np.unique(x)) != len(x) or np.any(x <= 0):
         return None
     lx, ratio = np.log(x), m / x
-    interior = range(1, len(x) - 1)
     inter = [abs(np.interp(lx[i], np.delete(lx, i), np.delete(ratio, i)) * x[i] / m[i] - 1.0)
-             for i in interior]
-    design = np.column_stack([np.ones_like(x), x])
-    line = []
-    for i in interior:
-        keep = np.arange(len(x)) != i
-        c = np.linalg.lstsq(design[keep] / m[keep, None], r[keep] / m[keep], rcond=None)[0]
-        line.append(abs((m[i] - r[i] + design[i] @ c) / m[i] - 1.0))
+             for i in range(1, len(x) - 1)]
+    line = line_errors[1:-1]
     if np.mean(inter) >= np.mean(line):
         return None
     return {"ratios": [[float(a), float(b)] for a, b in zip(x, ratio)],
@@ -494,7 +489,8 @@ def fit_engine(profile, engine_path, tp_path=None, extra_rows=None) -> Tuple[dic
     for name, rows in (("layer_forward", layer_f), ("layer_backward", layer_b),
                        ("other_forward", other_f), ("other_backward", other_b)):
         x, r, m = (np.array(col, dtype=float) for col in zip(*rows))
-        coef, loo_mean, loo_max = _residual_fit(x, r, m)
+        coef, loo = _residual_fit(x, r, m)
+        loo_mean, loo_max = float(np.mean(loo)), float(np.max(loo))
         raw = float(np.mean(np.abs((m - r) / m - 1.0)))
         feature = ENGINE_FEATURES[name]
         terms[name] = {"seconds": float(coef[0]), "per_unit": float(coef[1]), "feature": feature,
@@ -504,7 +500,7 @@ def fit_engine(profile, engine_path, tp_path=None, extra_rows=None) -> Tuple[dic
                 else f"{coef[1] * 1e9:+.3g} ns per logit + {coef[0] * 1e3:.2f} ms")
         chosen = loo_mean
         if feature == "operators":
-            interp = _ratio_curve(x, r, m)
+            interp = _ratio_curve(x, m, loo)
             if interp is not None:
                 terms[name].update(interp)
                 chosen = interp["loo_mape_interior"]

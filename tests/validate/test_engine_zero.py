@@ -149,12 +149,15 @@ def test_fit_zero_reports_how_far_the_median_collective_sits_above_the_fastest()
 def test_a_layer_residual_is_interpolated_only_where_that_predicts_left_out_shapes_better():
     import numpy as np
 
-    from neox_perf.predictors.local import _ratio_curve
+    from neox_perf.predictors.local import _ratio_curve, _residual_fit
+
+    def curve(x, m):
+        return _ratio_curve(x, m, _residual_fit(x, m - x, m)[1])
     x = np.array([0.002, 0.004, 0.01, 0.02, 0.05, 0.1, 0.3])
     curved = x * (1.0 + 0.5 * (0.002 / x) ** 0.4)  # the ratio falls with size, not on a line
-    got = _ratio_curve(x, curved - x, curved)
+    got = curve(x, curved)
     assert got is not None and got["loo_mape_interior"] < got["loo_mape_interior_linear"]
     assert [p[0] for p in got["ratios"]] == list(x)
     straight = 1e-3 + 1.1 * x  # a fixed cost plus a share of the operators: the line is exact
-    assert _ratio_curve(x, straight - x, straight) is None
-    assert _ratio_curve(x[:3], curved[:3] - x[:3], curved[:3]) is None  # too few shapes
+    assert curve(x, straight) is None
+    assert curve(x[:3], curved[:3]) is None  # too few shapes
