@@ -171,6 +171,29 @@ def failure_line(text: str) -> str:
     return (lines or ["no output"])[-1][-300:]
 
 
+SHM_BUFFER_DIR = "/dev/shm"
+SHM_BUFFER_PREFIX = "deepspeed_allreduce_buffer"  # deepspeed/ops/csrc/cpu/comm/shm.cpp
+
+
+def release_rank_buffer(env=None) -> bool:
+    """Unlink the shared-memory buffer DeepSpeed's CPU communication op made for this rank
+    (named after MASTER_ADDR, MASTER_PORT and RANK, as shm.cpp names it); True if one was.
+
+    Called by a rank as it ends, so a CPU run launched by anything (deepy, torchrun, a user's
+    script) gives back its ~66 MB per rank. Safe then: every peer mapped this buffer at its
+    first collective, and a mapping outlives the name."""
+    env = os.environ if env is None else env
+    addr, port, rank = env.get("MASTER_ADDR"), env.get("MASTER_PORT"), env.get("RANK")
+    if not (addr and port and rank):
+        return False
+    path = os.path.join(SHM_BUFFER_DIR, f"{SHM_BUFFER_PREFIX}_{os.getuid()}_{addr}_{port}_{rank}")
+    try:
+        os.unlink(path)
+        return True
+    except OSError:
+        return False
+
+
 def remove_shm_buffers(port, addr: str = "127.0.0.1") -> int:
     """Unlink the shared-memory buffers DeepSpeed's CPU communication op left for the job at
     ``addr:port``; returns how many. deepspeed.ops.comm (CPU accelerator) creates one
@@ -178,7 +201,7 @@ def remove_shm_buffers(port, addr: str = "127.0.0.1") -> int:
     unlinks it, so every CPU launch would leak that much RAM until reboot (seen: 13 GB after a
     day of runs, then the OOM killer)."""
     removed = 0
-    for path in glob.glob(f"/dev/shm/deepspeed_allreduce_buffer_*_{addr}_{int(port)}_*"):
+    for path in glob.glob(os.path.join(SHM_BUFFER_DIR, f"{SHM_BUFFER_PREFIX}_*_{addr}_{int(port)}_*")):
         try:
             os.unlink(path)
             removed += 1

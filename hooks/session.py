@@ -325,6 +325,14 @@ class Session:
                 closer()
             except Exception:
                 pass
+        if self.facts.get("device_type") == "cpu":
+            # DeepSpeed's CPU comm op never unlinks its per-rank shared memory: without this,
+            # every CPU run would leave ~66 MB per rank in /dev/shm until reboot
+            try:
+                from neox_perf.calibration.launch import release_rank_buffer
+                release_rank_buffer()
+            except Exception:
+                pass
         if self.rank == 0 and self.settings.report_at_exit and self.error is None:
             self._print_report()
 

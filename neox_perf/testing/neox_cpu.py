@@ -291,6 +291,7 @@ def launch(config: str, out_dir: str, *, src: Optional[str] = None, hook_dir: Op
             rc = proc.returncode
         except subprocess.TimeoutExpired:
             rc = -9
+    _release_shared_memory(configs)
     with open(log_path, encoding="utf-8", errors="replace") as fh:
         text = fh.read()
     run = NeoxRun(layout=layout, config=configs[-1], log=text, returncode=rc,
@@ -299,6 +300,24 @@ def launch(config: str, out_dir: str, *, src: Optional[str] = None, hook_dir: Op
     _read_losses(loss_file, run)
     run.memory = _read_jsonl(memory_file)
     return run
+
+
+def _release_shared_memory(configs: List[str]) -> None:
+    """A launch the hook did not run in (or that died) leaves DeepSpeed's CPU comm buffers,
+    ~66 MB per rank, named after deepy's rendezvous port: take them back."""
+    from neox_perf.calibration.launch import remove_shm_buffers
+    port = None
+    for path in configs:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                values = yaml.safe_load(fh) or {}
+        except (OSError, yaml.YAMLError):
+            continue
+        if not isinstance(values, dict):
+            continue
+        port = values.get("master_port", values.get("master-port", port))
+    if port is not None:
+        remove_shm_buffers(port)
 
 
 def _read_jsonl(path: str) -> List[dict]:

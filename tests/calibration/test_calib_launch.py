@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from neox_perf.calibration.launch import remove_shm_buffers
+from neox_perf.calibration.launch import release_rank_buffer, remove_shm_buffers
 
 
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm here")
@@ -19,6 +19,26 @@ def test_only_the_finished_jobs_buffers_are_removed():
         assert os.path.exists(other)
     finally:
         for path in mine + [other]:
+            if os.path.exists(path):
+                os.unlink(path)
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm here")
+def test_a_rank_releases_its_own_buffer_only():
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "3", "RANK": "1"}
+    uid = os.getuid()
+    mine = f"/dev/shm/deepspeed_allreduce_buffer_{uid}_127.0.0.1_3_1"
+    peer = f"/dev/shm/deepspeed_allreduce_buffer_{uid}_127.0.0.1_3_0"  # still mapped by rank 0
+    for path in (mine, peer):
+        with open(path, "wb") as fh:
+            fh.write(b"x")
+    try:
+        assert release_rank_buffer(env) is True
+        assert not os.path.exists(mine) and os.path.exists(peer)
+        assert release_rank_buffer(env) is False  # nothing left to release
+        assert release_rank_buffer({"RANK": "0"}) is False  # not launched: no name to build
+    finally:
+        for path in (mine, peer):
             if os.path.exists(path):
                 os.unlink(path)
 

@@ -6,6 +6,7 @@
 - a plain DeepSpeed script (tests/hooks/mlp_train.py) under torchrun, via the environment
   switch only; once more with a failure injected into the hook.
 """
+import glob
 import json
 import sys
 
@@ -29,32 +30,41 @@ def _cluster():
     return "perlmutter-a100" if "perlmutter-a100" in names else (names[0] if names else None)
 
 
-def _pp2_command(workdir):
+def _pp2_command(workdir, port):
     cfg = write_config(workdir / "pp2.yml", pipe_parallel_size=2, model_parallel_size=1,
                        gradient_clipping=0.0)
     return [sys.executable, "-m", "deepspeed.launcher.runner", "--num_nodes", "1",
-            "--num_gpus", "2", "--master_port", str(free_port()), "--module", MODULE,
+            "--num_gpus", "2", "--master_port", str(port), "--module", MODULE,
             "--config", cfg, "--iters", str(ITERS), "--vocab-size", str(VOCAB),
             "--out", str(workdir / "out.json")]
+
+
+def _shm_left(port):
+    """DeepSpeed's per-rank CPU comm buffers still in /dev/shm for the launch on ``port``."""
+    return sorted(glob.glob(f"/dev/shm/deepspeed_allreduce_buffer_*_127.0.0.1_{port}_*"))
 
 
 def _hooked_pp2(workdir):
     run_dir = workdir / "run"
     cluster = _cluster()
     extra = ["--cluster", cluster] if cluster else []
+    port = free_port()
     proc = cli(["run", "--run-dir", str(run_dir), "--windows", WINDOWS, *extra, "--",
-                *_pp2_command(workdir)], cwd=workdir)
+                *_pp2_command(workdir, port)], cwd=workdir)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    shm_left = _shm_left(port)
     rep = cli(["report", str(run_dir), "--json", *extra], cwd=workdir)
     assert rep.returncode == 0, rep.stderr[-3000:]
-    return {"proc": proc, "run_dir": run_dir, "cluster": cluster,
+    return {"proc": proc, "run_dir": run_dir, "cluster": cluster, "shm_left": shm_left,
             "out": json.loads((workdir / "out.json").read_text()), "report": json.loads(rep.stdout)}
 
 
 def _plain_pp2(workdir):
-    proc = run(_pp2_command(workdir), base_env(), workdir)
+    port = free_port()
+    proc = run(_pp2_command(workdir, port), base_env(), workdir)
     assert proc.returncode == 0, proc.stderr[-5000:]
-    return {"proc": proc, "out": json.loads((workdir / "out.json").read_text())}
+    return {"proc": proc, "out": json.loads((workdir / "out.json").read_text()),
+            "shm_left": _shm_left(port)}
 
 
 def _mlp(inject=None):
@@ -185,6 +195,13 @@ def test_plain_deepspeed_script(runs):
     unmapped = {u["name"]: u["reason"] for u in data["unmapped"]}
     assert "GEMM 8x32x10: matches no layer width" in unmapped["aten::linear"]  # the 10-way head
     assert data["config"]["source"] is None and "PYTHON_NEOX_PERF_CONFIG" in data["config"]["why"]
+
+
+def test_a_cpu_run_gives_back_deepspeeds_shared_memory(hooked, runs):
+    """Under DeepSpeed's launcher, its CPU comm op maps a ~66 MB /dev/shm buffer per rank and
+    never unlinks it (the plain launch leaves both); each hooked rank unlinks its own as it ends."""
+    assert len(runs("pp2-plain", _plain_pp2)["shm_left"]) == 2
+    assert hooked["shm_left"] == []
 
 
 def test_a_failure_inside_the_hook_is_logged_once_and_training_goes_on(runs):
