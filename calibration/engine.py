@@ -108,11 +108,32 @@ def run_engine(path: Path, device: str, progress=None, shapes=ENGINE_SHAPES,
             "zero": {"stage": ZERO_STAGE, "already_stored": before_zero, "measured": zero}}
 
 
+class _PortTaken(Exception):
+    """Another process bound a port between free_port() and the rendezvous."""
+
+    def __init__(self, stored: int):
+        super().__init__(stored)
+        self.stored = stored
+
+
 def _run_peers(path: Path, device: str, nproc: int, extra: List[str], measured, zero: int) -> int:
     """One pass over the shapes in ``nproc`` processes, calling ``measured(label)`` per stored
     shape; returns how many were stored. Plain pass: each process a world of one (its engine
     must not reduce across them). ZeRO pass: one world of ``nproc``, the data-parallel group
-    the optimizer partitions over."""
+    the optimizer partitions over. A port taken before the rendezvous bound it is retried on
+    new ports (and only that): the pass resumes past what it stored."""
+    stored = 0
+    for attempt in range(3):
+        try:
+            return stored + _run_peers_once(path, device, nproc, extra, measured, zero,
+                                            last=attempt == 2)
+        except _PortTaken as taken:
+            stored += taken.stored
+    return stored  # unreachable: the last attempt raises CalibrationFailed instead
+
+
+def _run_peers_once(path: Path, device: str, nproc: int, extra: List[str], measured, zero: int,
+                    last: bool) -> int:
     cmd = [sys.executable, "-m", __name__, str(path), "--device", device,
            "--peers", str(nproc), "--barrier-port", str(free_port()), *extra]
     if zero:
@@ -154,7 +175,10 @@ def _run_peers(path: Path, device: str, nproc: int, extra: List[str], measured, 
             remove_shm_buffers(port)
     if any(codes):
         peer = next(i for i, c in enumerate(codes) if c)
-        text = logs[peer].read_text(errors="replace").strip().splitlines()
+        raw = logs[peer].read_text(errors="replace")
+        if not last and ("EADDRINUSE" in raw or "address already in use" in raw):
+            raise _PortTaken(count)
+        text = raw.strip().splitlines()
         what = f"ZeRO-{zero} engine" if zero else "engine"
         raise CalibrationFailed(f"{what} calibration failed (process {peer}, exit {codes[peer]}): "
                                 f"{(text or ['no output'])[-1][-300:]} (log: {logs[peer]})")

@@ -48,3 +48,30 @@ def test_tensor_parallel_allreduce_in_training(tmp_path):
     assert data["processes"] == 2 and len(data["mean"]) == len(data["elements"])
     assert all(m > 0 and med > 0 for m, med in zip(data["mean"], data["median"]))
     assert run_tp_benchmark(tmp_path / "x.json", 1, "cpu") == {"skipped": "one process"}
+
+
+def test_a_port_taken_before_the_rendezvous_is_retried(monkeypatch, tmp_path):
+    """free_port() can lose its port to another process before the rendezvous binds it: the
+    pass is launched again on new ports (it resumes past what it stored), and only for that."""
+    from neox_perf.calibration import engine
+    calls = []
+
+    def once(path, device, nproc, extra, measured, zero, last):
+        calls.append(last)
+        if len(calls) == 1:
+            raise engine._PortTaken(2)  # two shapes stored before the clash
+        return 3
+    monkeypatch.setattr(engine, "_run_peers_once", once)
+    assert engine._run_peers(tmp_path / "e.json", "cpu", 2, [], None, zero=0) == 5
+    assert calls == [False, False]
+    calls.clear()
+
+    def always(path, device, nproc, extra, measured, zero, last):
+        calls.append(last)
+        if last:
+            raise engine.CalibrationFailed("engine calibration failed: EADDRINUSE")
+        raise engine._PortTaken(0)
+    monkeypatch.setattr(engine, "_run_peers_once", always)
+    with pytest.raises(engine.CalibrationFailed, match="EADDRINUSE"):
+        engine._run_peers(tmp_path / "e.json", "cpu", 2, [], None, zero=0)
+    assert calls == [False, False, True]  # three attempts, the last one reports
