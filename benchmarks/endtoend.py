@@ -88,7 +88,7 @@ def main(argv=None) -> int:
     ap.add_argument("--csv", help="vTrain single_node_runs.csv (default ../shared/data/...)")
     ap.add_argument("--write-terms", metavar="PROFILE_DIR",
                     help="store the fitted terms and interval in this profile's manifest")
-    ap.add_argument("--rounds", type=int, default=4, help="re-linearisation rounds of the fit")
+    ap.add_argument("--rounds", type=int, default=12, help="re-linearisation rounds of the fit (at most)")
     ap.add_argument("--other-gpu-widen", type=float, default=0.109,
                     help="relative widening of the interval on another GPU: the median operator "
                          "error of leave-one-GPU-out (benchmarks/transfer_gpu.py, A100 -> GH200)")

@@ -30,9 +30,9 @@ from neox_perf.step_terms import FITTED, StepTerms
 BOUNDS = {"compute_scale": (1.0, 2.0), "memory_scale": (1.0, 3.0), "dispatch_s": (0.0, 5e-4),
           "tp_sync_s": (0.0, 2e-3), "p2p_s": (0.0, 2e-2), "micro_batch_s": (0.0, 0.05),
           "pipeline_micro_batch_s": (0.0, 0.05),
-          "step_s": (0.0, 0.5)}
+          "step_s": (0.0, 0.5), "queue_coupling": (0.0, 1.0)}
 _STEP = {"compute_scale": 0.01, "memory_scale": 0.01, "dispatch_s": 1e-6, "tp_sync_s": 1e-6,
-         "p2p_s": 1e-5, "micro_batch_s": 1e-5, "pipeline_micro_batch_s": 1e-5, "step_s": 1e-5}
+         "p2p_s": 1e-5, "micro_batch_s": 1e-5, "pipeline_micro_batch_s": 1e-5, "step_s": 1e-5, "queue_coupling": 0.01}
 
 
 @dataclass(frozen=True)
@@ -104,21 +104,41 @@ def solve(F: np.ndarray, c0: np.ndarray, measured: np.ndarray,
     return theta
 
 
-# The host's issue time max(device, launches * dispatch_s) has no slope at dispatch_s = 0 (no
-# run of calls is host-bound there), so a fit started there would never move it: start off zero.
-START = StepTerms(dispatch_s=3e-5)
+# The host's issue time has no slope at dispatch_s = 0 (no run of calls is host-bound there),
+# nor in queue_coupling at 0 (the plain max), so a fit started there would never move them.
+START = StepTerms(dispatch_s=3e-5, queue_coupling=0.1)
 
 
-def fit(cases: Sequence[Case], profile, rounds: int = 4, start: StepTerms = START) -> StepTerms:
+def loss(measured: np.ndarray, predicted: np.ndarray) -> float:
+    """The soft-L1 loss solve() minimises, on the real (nonlinear) predictions."""
+    r = predicted / measured - 1.0
+    return float(np.sum(2 * ROBUST_SCALE ** 2 * (np.sqrt(1 + (r / ROBUST_SCALE) ** 2) - 1)))
+
+
+def fit(cases: Sequence[Case], profile, rounds: int = 12, start: StepTerms = START) -> StepTerms:
+    """Gauss-Newton on the linearised path, each step checked on the real one: a step that
+    raises the real loss (the max-plus timeline or the host queue bent away from the
+    linearisation) is halved until it does not."""
     terms = start
     measured = np.array([c.measured for c in cases])
+    current = loss(measured, predict_all(cases, profile, terms))
     for _ in range(rounds):
         F, c0 = linearise(cases, profile, terms)
-        new = StepTerms(**dict(zip(FITTED, map(float, solve(F, c0, measured)))))
-        if all(math.isclose(getattr(new, n), getattr(terms, n), rel_tol=1e-3, abs_tol=1e-9)
-               for n in FITTED):
-            return new
-        terms = new
+        target = solve(F, c0, measured)
+        here = np.array([getattr(terms, n) for n in FITTED])
+        for _halving in range(6):
+            new = StepTerms(**dict(zip(FITTED, map(float, target))))
+            got = loss(measured, predict_all(cases, profile, new))
+            if got <= current:
+                break
+            target = here + 0.5 * (target - here)
+        else:
+            return terms  # no step along the linearised direction helps: a minimum
+        done = all(math.isclose(getattr(new, n), getattr(terms, n), rel_tol=1e-3, abs_tol=1e-9)
+                   for n in FITTED)
+        terms, current = new, got
+        if done:
+            break
     return terms
 
 

@@ -47,6 +47,14 @@ def test_operator_semantics():
     # bound; 40 calls of the same work take the host 2 ms and the device waits for it
     assert t.issued(1e-3, 10) == pytest.approx(1e-3)
     assert t.issued(1e-3, 40) == pytest.approx(2e-3)
+    # where host and device are close, neither hides the other entirely: the p-norm of the two
+    q = dataclasses.replace(t, queue_coupling=0.2)
+    assert q.issued(1e-3, 20) == pytest.approx(1e-3 * 2 ** 0.2)  # equal: 15% over either
+    assert 2e-3 < q.issued(1e-3, 40) < 2e-3 * 1.01  # one twice the other: the max, nearly
+    assert q.issued(1e-3, 0) == pytest.approx(1e-3)  # nothing issued by the host: the device
+    assert dataclasses.replace(t, queue_coupling=1.0).issued(1e-3, 20) == pytest.approx(2e-3)
+    with pytest.raises(ValueError, match="queue_coupling"):
+        StepTerms(queue_coupling=-0.1)
     assert t.collective("mp_allreduce", 8, 0.0) == 0.0  # no group, no wait
     assert StepTerms(tp_sync_s=1e-5).collective("mp_allreduce", 8, 1e-4) == pytest.approx(1e-4 + 3e-5)
 
@@ -99,13 +107,32 @@ def test_linearisation_is_exact_where_the_path_holds(profile, cases):
 
 def test_fit_recovers_known_terms(profile, cases):
     truth = StepTerms(compute_scale=1.05, memory_scale=1.2, dispatch_s=4e-5, micro_batch_s=1.5e-3,
-                      pipeline_micro_batch_s=1e-3, step_s=5e-3)
+                      pipeline_micro_batch_s=1e-3, step_s=5e-3, queue_coupling=0.25)
     seconds = step_fit.predict_all(cases, profile, truth)
     synthetic = [dataclasses.replace(c, measured=float(s)) for c, s in zip(cases, seconds)]
-    fitted = step_fit.fit(synthetic, profile, start=StepTerms(dispatch_s=3e-5))
+    fitted = step_fit.fit(synthetic, profile)
     again = step_fit.predict_all(synthetic, profile, fitted)
     assert np.max(np.abs(again / seconds - 1)) < 0.01
     assert fitted.micro_batch_s + fitted.pipeline_micro_batch_s > 1e-3
+    assert 0.1 < fitted.queue_coupling < 0.5
+
+
+def test_a_step_that_raises_the_real_loss_is_not_taken(profile, cases, monkeypatch):
+    """The fit steps on a linearisation; where the real path bends away from it, the step is
+    halved: the real loss never rises."""
+    truth = StepTerms(dispatch_s=6e-5, micro_batch_s=1e-3, queue_coupling=0.3)
+    measured = step_fit.predict_all(cases, profile, truth)
+    synthetic = [dataclasses.replace(c, measured=float(s)) for c, s in zip(cases, measured)]
+    real = step_fit.predict_all
+    # a linearisation that overshoots: every solve asks for the far bound of the coupling
+    solve = step_fit.solve
+    monkeypatch.setattr(step_fit, "solve", lambda F, c0, m, names=FITTED, rounds=50: np.where(
+        np.array(names) == "queue_coupling", 1.0, solve(F, c0, m, names, rounds)))
+    start = StepTerms(dispatch_s=6e-5, micro_batch_s=1e-3, queue_coupling=0.1)
+    fitted = step_fit.fit(synthetic, profile, rounds=3, start=start)
+    assert fitted.queue_coupling < 1.0  # the full step was never taken
+    start_loss = step_fit.loss(measured, real(synthetic, profile, start))
+    assert step_fit.loss(measured, real(synthetic, profile, fitted)) <= start_loss
 
 
 def test_solve_is_not_pulled_by_a_few_runs_no_term_explains():
