@@ -1,10 +1,12 @@
 """Fit the step terms (neox_perf/step_terms.py) on measured end-to-end runs.
 
 An iteration is a max-plus composition (the 1F1B timeline) of stage costs that are linear in
-every step term, so around any point it is linear in them: T(theta) = c0 + F . theta, exact as
-long as the critical path does not move. Each run's F and c0 come from the real prediction
-path (finite differences of `estimate`), the terms from bounded robust (soft-L1) least squares
-on the relative error, and the linearisation is refreshed at the fitted point until it settles.
+most step terms, so around any point it is nearly linear in them: T(theta) = c0 + F . theta,
+exact for the additive terms as long as the critical path does not move; the host queue
+(its max, and the p-norm of queue_coupling) bends it. Each run's F and c0 come from the real
+prediction path (finite differences of `estimate`), the terms from bounded robust (soft-L1)
+least squares on the relative error; each step is checked on the real path (halved while it
+raises the real loss) and the linearisation refreshed there until it settles.
 Cross-validation is by layout: the terms predicting a (tp, dp, pp) class are fitted on the
 other classes only, and the held-out runs are predicted through the real (nonlinear) path.
 """
@@ -32,7 +34,8 @@ BOUNDS = {"compute_scale": (1.0, 2.0), "memory_scale": (1.0, 3.0), "dispatch_s":
           "pipeline_micro_batch_s": (0.0, 0.05),
           "step_s": (0.0, 0.5), "queue_coupling": (0.0, 1.0)}
 _STEP = {"compute_scale": 0.01, "memory_scale": 0.01, "dispatch_s": 1e-6, "tp_sync_s": 1e-6,
-         "p2p_s": 1e-5, "micro_batch_s": 1e-5, "pipeline_micro_batch_s": 1e-5, "step_s": 1e-5, "queue_coupling": 0.01}
+         "p2p_s": 1e-5, "micro_batch_s": 1e-5, "pipeline_micro_batch_s": 1e-5, "step_s": 1e-5,
+         "queue_coupling": 0.01}
 
 
 @dataclass(frozen=True)
