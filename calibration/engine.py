@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from .launch import (CalibrationFailed, free_port, progress_event, progress_line, rank_env,
-                     remove_shm_buffers)
+from .launch import (CalibrationFailed, free_port, port_taken, progress_event, progress_line,
+                     rank_env, remove_shm_buffers)
 from .phase_clock import PhaseClock
 
 # (hidden, seq, micro_batch, norm, attention, vocab): the quick plan's grid points
@@ -176,7 +176,7 @@ def _run_peers_once(path: Path, device: str, nproc: int, extra: List[str], measu
     if any(codes):
         peer = next(i for i, c in enumerate(codes) if c)
         raw = logs[peer].read_text(errors="replace")
-        if not last and ("EADDRINUSE" in raw or "address already in use" in raw):
+        if not last and port_taken(raw):
             raise _PortTaken(count)
         text = raw.strip().splitlines()
         what = f"ZeRO-{zero} engine" if zero else "engine"

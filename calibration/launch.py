@@ -151,11 +151,17 @@ def launch(cmd: List[str], env: dict, log: Path, *, on_line: Optional[Callable[[
                     proc.wait()
                 remove_shm_buffers(port)
         text = log.read_text(errors="replace")
-        if proc.returncode == 0 or ("EADDRINUSE" not in text and "address already in use" not in text):
+        if proc.returncode == 0 or not port_taken(text):
             break
     if proc.returncode != 0:
         raise CalibrationFailed(f"{what} failed (exit {proc.returncode}): {failure_line(text)} "
                                 f"(log: {log}; command: {' '.join(cmd)})")
+
+
+def port_taken(text: str) -> bool:
+    """Does a failed launch's log say its rendezvous port was taken (the one failure a launch
+    on new ports cures)?"""
+    return "EADDRINUSE" in text or "address already in use" in text
 
 
 def failure_line(text: str) -> str:
@@ -175,6 +181,12 @@ SHM_BUFFER_DIR = "/dev/shm"
 SHM_BUFFER_PREFIX = "deepspeed_allreduce_buffer"  # deepspeed/ops/csrc/cpu/comm/shm.cpp
 
 
+def shm_buffer_path(port, addr: str = "127.0.0.1", rank="*", uid="*") -> str:
+    """The buffer shm.cpp names for ``rank`` of the job at ``addr:port`` (a glob pattern over
+    what is left as ``*``)."""
+    return os.path.join(SHM_BUFFER_DIR, f"{SHM_BUFFER_PREFIX}_{uid}_{addr}_{port}_{rank}")
+
+
 def release_rank_buffer(env=None) -> bool:
     """Unlink the shared-memory buffer DeepSpeed's CPU communication op made for this rank
     (named after MASTER_ADDR, MASTER_PORT and RANK, as shm.cpp names it); True if one was.
@@ -186,7 +198,7 @@ def release_rank_buffer(env=None) -> bool:
     addr, port, rank = env.get("MASTER_ADDR"), env.get("MASTER_PORT"), env.get("RANK")
     if not (addr and port and rank):
         return False
-    path = os.path.join(SHM_BUFFER_DIR, f"{SHM_BUFFER_PREFIX}_{os.getuid()}_{addr}_{port}_{rank}")
+    path = shm_buffer_path(port, addr, rank=rank, uid=os.getuid())
     try:
         os.unlink(path)
         return True
@@ -201,7 +213,7 @@ def remove_shm_buffers(port, addr: str = "127.0.0.1") -> int:
     unlinks it, so every CPU launch would leak that much RAM until reboot (seen: 13 GB after a
     day of runs, then the OOM killer)."""
     removed = 0
-    for path in glob.glob(os.path.join(SHM_BUFFER_DIR, f"{SHM_BUFFER_PREFIX}_*_{addr}_{int(port)}_*")):
+    for path in glob.glob(shm_buffer_path(int(port), addr)):
         try:
             os.unlink(path)
             removed += 1

@@ -66,7 +66,7 @@ def write_neox_config(configs, gpus: int, iters: int, work: Path, src: str) -> t
         notes.append("the config's training data is not readable here: trained on the tiny "
                      "offline dataset (NeoX's CharLevelTokenizer, vocabulary 512)")
     values = _cpu_values(values, gpus, iters, data, on_cpu=not _cuda())
-    values["master_port"] = neox_cpu._free_port()
+    values["master_port"] = neox_cpu.free_port()
     path = work / (Path(configs[-1]).stem + "-neox-perf.yml")
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(f"# {', '.join(map(str, configs))} merged by neox-perf validate --neox\n")

@@ -19,7 +19,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,10 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 import yaml
+
+from neox_perf.calibration.launch import free_port, remove_shm_buffers
+from neox_perf.config.loader import load_files
+from neox_perf.errors import ConfigError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # the script deepy.py launches in place of train.py: it runs inside NeoX's ranks and imports
@@ -129,7 +132,7 @@ def config_values(layout: Layout, data_prefix: str) -> dict:
         # NeoX's defaults are 0 anyway
         "hidden_dropout": 0.0, "attention_dropout": 0.0,
         # deepy's launcher rendezvous port (default 29500): two runs at once must not share it
-        "master_port": _free_port(),
+        "master_port": free_port(),
     }
     values.update(layout.extra)
     return values
@@ -158,12 +161,6 @@ def write_config(layout: Layout, out_dir: str, data_prefix: str) -> str:
     return path
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _env(src: str, extra: Optional[dict] = None) -> dict:
     env = dict(os.environ)
     py_bin = os.path.dirname(neox_python())
@@ -172,7 +169,7 @@ def _env(src: str, extra: Optional[dict] = None) -> dict:
     repo = os.path.dirname(os.path.dirname(HERE))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH", "")) if p)
     env.update({SRC_ENV: src, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1",
-                "MASTER_PORT": str(_free_port()), "PYTHONUNBUFFERED": "1"})
+                "MASTER_PORT": str(free_port()), "PYTHONUNBUFFERED": "1"})
     env.update(extra or {})
     return env
 
@@ -305,17 +302,10 @@ def launch(config: str, out_dir: str, *, src: Optional[str] = None, hook_dir: Op
 def _release_shared_memory(configs: List[str]) -> None:
     """A launch the hook did not run in (or that died) leaves DeepSpeed's CPU comm buffers,
     ~66 MB per rank, named after deepy's rendezvous port: take them back."""
-    from neox_perf.calibration.launch import remove_shm_buffers
-    port = None
-    for path in configs:
-        try:
-            with open(path, encoding="utf-8") as fh:
-                values = yaml.safe_load(fh) or {}
-        except (OSError, yaml.YAMLError):
-            continue
-        if not isinstance(values, dict):
-            continue
-        port = values.get("master_port", values.get("master-port", port))
+    try:
+        port = load_files(configs).values.get("master_port")
+    except ConfigError:
+        return  # deepy refused the files too: it never launched
     if port is not None:
         remove_shm_buffers(port)
 

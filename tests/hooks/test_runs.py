@@ -41,7 +41,8 @@ def _pp2_command(workdir, port):
 
 def _shm_left(port):
     """DeepSpeed's per-rank CPU comm buffers still in /dev/shm for the launch on ``port``."""
-    return sorted(glob.glob(f"/dev/shm/deepspeed_allreduce_buffer_*_127.0.0.1_{port}_*"))
+    from neox_perf.calibration.launch import shm_buffer_path
+    return sorted(glob.glob(shm_buffer_path(port)))
 
 
 def _hooked_pp2(workdir):
