@@ -246,7 +246,8 @@ def _values(raw: RawConfig):
 class Planner:
     def __init__(self, raw: RawConfig, profile, raw_vocab: int, *, headroom: float = 0.9,
                  gpus_per_node: Optional[int] = None, global_batch: Optional[int] = None,
-                 max_micro_batch: Optional[int] = None, keep: int = 10):
+                 max_micro_batch: Optional[int] = None, keep: int = 10,
+                 near: Optional[Layout] = None, spare: bool = False):
         if not 0 < headroom <= 1:
             raise UsageError(f"--memory-headroom {headroom:g} must be in (0, 1]")
         self.raw = raw
@@ -258,16 +259,24 @@ class Planner:
         self.gpus_per_node = gpus_per_node
         self.max_micro_batch = max_micro_batch
         self.keep = keep  # layouts the caller shows; 0: every admissible layout is timed
+        # `check`'s quick search around the user's layout `near`: every pipeline depth, tensor
+        # parallelism within a node (and the user's own), checkpointing on and off, but only the
+        # user's micro-batch, ZeRO stage and partition method -- with `spare`, also the most
+        # memory-sparing (micro-batch 1, ZeRO 1); it times only its best estimates
+        self.near = near
+        self.spare = spare
         # (mp, micro, pipeline engine) -> per-layer and end-of-pipe seconds, for the bound
         self._units: Dict[tuple, tuple] = {}
         self._timed: Dict[Layout, Candidate] = {}  # layouts the bound predicted in full
         self._tails: Dict[tuple, tuple] = {}  # _tail_key -> per-stage sync + update seconds
+        self._quick_tails: Dict[tuple, tuple] = {}  # the same, from one micro-batch (near=)
         self._engine_terms = bool((getattr(profile, "manifest", None) or {}).get("engine"))
         self.bounded = 0
         self.value = _values(raw)
         self.shared = SharedDerive(raw_vocab, self.capacity)
         self._global_batch = global_batch
         self._verdict_cache: Dict[tuple, Optional[_Rejection]] = {}
+        self._parts: Dict[tuple, tuple] = {}  # (mp, stages, method) -> DeepSpeed's cuts
 
     # -- the user's config --------------------------------------------------------------------
 
@@ -353,9 +362,12 @@ class Planner:
         user_method = str(self.value("pipe_partition_method"))
         methods = [user_method] + [x for x in PARTITION_METHODS if x != user_method.lower()]
         max_pp = m.num_layers
+        node = self.gpus_per_node or self.facts.gpus_per_node
         for mp in divisors(gpus):
             if mp > m.num_attention_heads:
                 break
+            if self.near is not None and mp > node and mp != self.near.model_parallel_size:
+                continue  # the quick search keeps tensor parallelism within a node
             for pp in [0] + divisors(gpus // mp):
                 if pp > max_pp:
                     break
@@ -365,9 +377,18 @@ class Planner:
                           if not self.max_micro_batch or x <= self.max_micro_batch]
                 # DeepSpeed/NeoX allow ZeRO 2 only without pipeline and tensor parallelism
                 zeros = [0, 1] + ([2] if pp == 0 and mp == 1 else [])
+                checkpointing = (True, False)
+                if self.near is not None and micros:
+                    n = self.near
+                    sparing = (1,) if self.spare else ()
+                    # the user's micro-batch, or the largest below it that divides this split's
+                    own = max([x for x in micros if x <= n.train_micro_batch_size_per_gpu] or micros[:1])
+                    micros = sorted({own, *(x for x in sparing if x in micros)})
+                    zeros = [z for z in zeros if z in (n.zero_stage,) + sparing]
+                    methods = [user_method]
                 for method in (methods if pp >= 2 else [user_method]):
                     for micro in micros:
-                        for ckpt in (True, False):
+                        for ckpt in checkpointing:
                             for zero in zeros:
                                 yield Layout(gpus, pp, mp, dp, micro, per_rank // micro, ckpt,
                                              zero, method)
@@ -580,7 +601,6 @@ class Planner:
         self.mlp_widths = mlp_widths(cfg.model)
         from .derive import DeriveOptions
         self.options = DeriveOptions.from_values(self.raw.values)  # what the layer list reads
-        self._parts: Dict[tuple, tuple] = {}
 
     def baseline(self, world: int, batch: int) -> Baseline:
         """The user's own config at `world` GPUs, built exactly as `check` builds it."""
@@ -623,16 +643,32 @@ class Planner:
         `tails`: per stage, seconds of gradient sync + update a full prediction of a layout with
         the same stages, data parallel and ZeRO found (micro-batch and checkpointing leave them
         unchanged); each stage also cannot finish before its own ready time plus that."""
-        if self._engine_terms:
+        if self._engine_terms and self.near is None:
             return 0.0
         stages = derived.stages
         last = len(stages) - 1
         key = (cfg.parallel.model_parallel_size, cfg.training.micro_batch_size,
                cfg.parallel.pipe_parallel_size >= 1)
         unit = self._units.get(key)
+        one = None
+        if self.near is not None and tails is None:
+            # The quick search ranks by this estimate (a bound only without engine terms) and
+            # times few layouts, so it needs every layout's gradient sync and update: they come
+            # from a prediction of one micro-batch (the 1F1B timeline costs micro-batches x
+            # stages; per-micro-batch stage times, the sync and the update do not depend on them).
+            tkey = _tail_key(cfg)
+            tails = self._quick_tails.get(tkey)
+            if tails is None:
+                one = self._one_micro_batch(cfg, derived)
+                per = cfg.training.gradient_accumulation_steps if cfg.training.zero_stage >= 2 else 1
+                tails = self._quick_tails[tkey] = tuple(
+                    t.grad_allreduce * per + t.optimizer + t.param_allgather for t in one.stages)
         if unit is None or any((s.index == 0, s.index == last) not in unit[2] for s in stages):
-            cand, est = self._evaluate(cfg, derived, batch)
-            self._timed[cand.layout] = cand
+            if self.near is not None:
+                cand, est = None, one or self._one_micro_batch(cfg, derived)
+            else:
+                cand, est = self._evaluate(cfg, derived, batch)
+                self._timed[cand.layout] = cand
             first = next((t for s, t in zip(stages, est.stages) if s.transformer_layers), est.stages[0])
             lf, lb = first.layer_forward, first.layer_backward
             extras = dict(unit[2]) if unit else {}
@@ -640,8 +676,9 @@ class Planner:
                 n = s.transformer_layers
                 extras[(s.index == 0, s.index == last)] = (t.forward - n * lf,
                                                            t.backward - n * lb - t.recompute)
-            self._units[key] = (lf, lb, extras)
-            return cand.seconds_per_batch
+            self._units[key] = unit = (lf, lb, extras)
+            if cand is not None:
+                return cand.seconds_per_batch
         lf, lb, extras = unit
         m = cfg.training.gradient_accumulation_steps
         ckpt = cfg.training.checkpoint_activations
@@ -661,6 +698,16 @@ class Planner:
         # The timeline adds the same terms in another order: allow for rounding.
         return best * (1 - 1e-9) * batch / cfg.training.train_batch_size
 
+    def _one_micro_batch(self, cfg, derived):
+        """The estimate of `cfg` run with one micro-batch per iteration (same stages, shapes)."""
+        from dataclasses import replace
+        from .predict import predict
+        t = cfg.training
+        one = replace(cfg, training=replace(t, gradient_accumulation_steps=1,
+                                            train_batch_size=t.micro_batch_size
+                                            * cfg.parallel.data_parallel_size))
+        return predict(one, derived, self.profile).estimate
+
     def predict_admitted(self, admitted: List[tuple], batch: int,
                          baselines: List[Baseline]) -> List[Candidate]:
         """Time the admitted layouts in order of their bound, skipping those that can neither
@@ -673,6 +720,9 @@ class Planner:
         times: List[float] = []
         self.bounded = 0
         for bound, cfg, derived in admitted:
+            if self.near is not None and len(times) >= max(self.keep, 1):
+                self.bounded += 1  # the quick search times only its best estimates
+                continue
             if self.keep and len(times) >= self.keep:
                 limit = max(times[self.keep - 1], beat)
                 tails = self._tails.get(_tail_key(cfg))

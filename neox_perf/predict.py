@@ -58,4 +58,23 @@ def load_cluster(name: Optional[str]):
         return load_profile(name)
     except Exception as exc:  # the profile layer raises one-line errors of its own
         line = getattr(exc, "line", None)
-        raise UsageError(line() if callable(line) else str(exc)) from None
+        raise UsageError(_unknown_cluster(name) or (line() if callable(line) else str(exc))) from None
+
+
+def _unknown_cluster(name: str) -> Optional[str]:
+    """A better line than "calibrate it" for a name that is not there: a path that does not
+    exist, or a profile name one typo away from a known one."""
+    import difflib
+    import os
+    if os.path.exists(name):
+        return None  # it is there: the profile layer's own reason stands
+    if os.sep in name or name.endswith((".yml", ".yaml")):
+        return (f"--cluster {name}: no such file or directory (fix: check the path, or name a "
+                f"profile from `neox-perf clusters`)")
+    from .predictors.profile import list_profiles
+    known = [p.name for p in list_profiles()]
+    near = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+    if near:
+        return (f"--cluster {name}: no such cluster profile; did you mean {near[0]}? "
+                f"(fix: --cluster {near[0]})")
+    return None
