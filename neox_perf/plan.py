@@ -92,6 +92,9 @@ class Candidate:
     breakdown: Dict[str, float] = field(repr=False, default_factory=dict)
     rank: Optional[int] = None
     pareto: bool = False
+    # layouts that differ from this one only in a setting that changes nothing predicted
+    # (partition method, ZeRO stage): same time and memory, folded into this row (`collapse`)
+    equivalent: List[Layout] = field(repr=False, default_factory=list)
 
     @property
     def cost(self) -> float:
@@ -109,6 +112,7 @@ class Baseline:
     reason: Optional[str]  # why it is not among the admissible candidates
     max_memory_fraction: Optional[float] = None
     rank: Optional[int] = None
+    note: Optional[str] = None  # how the user's config was adapted to keep the plan's batch
 
 
 @dataclass
@@ -129,6 +133,8 @@ class Plan:
     no_layout: Dict[int, str]  # GPU count -> one line naming what excluded every layout
     seconds: float
     warnings: List[str] = field(default_factory=list)
+    collapsed: int = 0  # timed layouts folded into an equivalent row
+    within_interval: int = 0  # of the rows shown after the best, those inside its 80% interval
 
 
 @dataclass
@@ -564,6 +570,9 @@ class Planner:
                 rejected[code] = rejected.get(code, 0) + n
         baselines = [self.baseline(w, batch) for w in gpus]
         candidates = self.predict_admitted(admitted, batch, baselines)
+        timed = len(candidates)
+        rank(candidates)
+        candidates = collapse(candidates)
         rank(candidates)
         for b in baselines:
             self.rank_baseline(b, candidates)
@@ -579,7 +588,9 @@ class Planner:
         return Plan(gpus=gpus, global_batch=batch, global_batch_source=batch_source,
                     train_iters=self.value("train_iters"), headroom=self.headroom,
                     candidates=candidates, baselines=baselines, evaluated=evaluated,
-                    predicted=len(candidates), admissible=len(admitted), bounded=self.bounded,
+                    predicted=timed, admissible=len(admitted), bounded=self.bounded,
+                    collapsed=timed - len(candidates),
+                    within_interval=within_best_interval(candidates, self.keep or len(candidates)),
                     duplicates=duplicates,
                     rejected=dict(sorted(rejected.items(), key=lambda kv: -kv[1])),
                     no_layout=no_layout, seconds=time.perf_counter() - start)
@@ -603,21 +614,33 @@ class Planner:
         self.options = DeriveOptions.from_values(self.raw.values)  # what the layer list reads
 
     def baseline(self, world: int, batch: int) -> Baseline:
-        """The user's own config at `world` GPUs, built exactly as `check` builds it."""
+        """The user's own config at `world` GPUs, built as `check` builds it -- except that where
+        NeoX derives the global batch from micro x accumulation x dp (no train_batch_size), the
+        accumulation is set to keep the plan's batch, as the user would at another GPU count."""
+        note = None
         try:
             cfg, verdicts, _ = self.build(world)
+            t, p = cfg.training, cfg.parallel
+            if t.train_batch_size != batch and self.value("train_batch_size") is None:
+                gas = max(1, round(batch / (t.micro_batch_size * p.data_parallel_size)))
+                if gas != t.gradient_accumulation_steps:
+                    kept = gas * t.micro_batch_size * p.data_parallel_size
+                    note = (f"accumulation {gas} instead of {t.gradient_accumulation_steps} "
+                            + (f"keeps the global batch {batch}" if kept == batch else
+                               f"comes nearest the global batch {batch} ({kept})"))
+                    cfg, verdicts, _ = self.build(world, {"gradient_accumulation_steps": gas})
         except ConfigError as exc:
             return Baseline(world, None, None, exc.line())
         layout = layout_of(cfg)
         derived, rej = self.judge(cfg, verdicts)
         if rej is not None and rej.code != "out_of_memory":
-            return Baseline(world, layout, None, rej.detail or REASONS[rej.code][0])
+            return Baseline(world, layout, None, rej.detail or REASONS[rej.code][0], note=note)
         cand = self.evaluate(cfg, derived, batch)
         if rej is not None:
             return Baseline(world, layout, cand,
                             f"needs {cand.max_memory_fraction:.0%} of GPU memory, above the "
-                            f"{self.headroom:.0%} headroom", cand.max_memory_fraction)
-        return Baseline(world, layout, cand, None, cand.max_memory_fraction)
+                            f"{self.headroom:.0%} headroom", cand.max_memory_fraction, note=note)
+        return Baseline(world, layout, cand, None, cand.max_memory_fraction, note=note)
 
     @staticmethod
     def rank_baseline(b: Baseline, candidates: List[Candidate]) -> None:
@@ -625,7 +648,8 @@ class Planner:
         does not hold it, e.g. a micro-batch that changes the global batch)."""
         if b.candidate is None or b.reason is not None:
             return
-        same = next((c for c in candidates if c.layout == b.layout), None)
+        same = next((c for c in candidates if c.layout == b.layout or b.layout in c.equivalent),
+                    None)
         if same is not None:
             b.candidate, b.rank = same, same.rank
         else:
@@ -835,6 +859,38 @@ def rank(candidates: List[Candidate]) -> None:
         if c.cost < best_cost:
             c.pareto = True
             best_cost = c.cost
+
+
+def collapse(candidates: List[Candidate]) -> List[Candidate]:
+    """The ranked candidates with layouts that differ only in a setting that changes nothing
+    predicted -- partition method or ZeRO stage, at the same time (within 0.1%) and memory
+    (within half a percent of the GPU) -- folded into the best of them (its `equivalent`)."""
+    kept: List[Candidate] = []
+    groups: Dict[tuple, List[Candidate]] = {}
+    for c in candidates:
+        l = c.layout
+        key = (l.gpus, l.pipe_parallel_size, l.model_parallel_size,
+               l.train_micro_batch_size_per_gpu, l.gradient_accumulation_steps,
+               l.checkpoint_activations)
+        same = next((k for k in groups.get(key, ())
+                     if abs(k.seconds_per_batch - c.seconds_per_batch) <= 1e-3 * k.seconds_per_batch
+                     and abs(k.max_memory_fraction - c.max_memory_fraction) <= 0.005), None)
+        if same is None:
+            groups.setdefault(key, []).append(c)
+            kept.append(c)
+        else:
+            same.equivalent.append(l)
+    return kept
+
+
+def within_best_interval(candidates: Sequence[Candidate], shown: int) -> int:
+    """How many of the rows after the best (among the `shown` first) the best's 80% interval
+    holds: the profile's error could reorder those."""
+    if not candidates or not candidates[0].interval_seconds:
+        return 0
+    best = candidates[0]
+    high = best.interval_seconds[1] * best.seconds_per_batch / best.iteration_seconds
+    return sum(1 for c in candidates[1:shown] if c.seconds_per_batch <= high)
 
 
 def _order(l: Layout) -> tuple:
