@@ -20,8 +20,8 @@ from .config.specs import NeoxConfig
 from .config.verdicts import Verdict
 
 GIB = 2 ** 30
-# A step losing this share or more to anything but compute is worth a search for a better layout
-SEARCH_WHEN_LOST = 0.4
+# A step losing half or more to anything but compute is worth a search for a better layout
+SEARCH_WHEN_LOST = 0.5
 # ... and a layout this much faster (seconds per batch) is worth a warning
 FAR_FASTER = 1.25
 # Uneven stages costing this share of the step are worth a warning

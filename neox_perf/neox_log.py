@@ -5,13 +5,12 @@ NeoX prints, every log_interval iterations (megatron/logging.py:431-496 at ea7ae
     elapsed time per iteration (ms): {elapsed * 1000 / log_interval:.1f} | ... |
     approx flops per GPU: {human_readable_flops(get_actual_flops(...))} | ...
 `get_actual_flops` (logging.py:80-160) is the Megatron formula with a checkpointing factor of 4
-(else 3) and its own variants for RWKV and Mamba blocks; it divides by the world size. These are
-reproduced here line for line, so a prediction can be held against a training log in the units
-the log uses, and a log (no hook) can be compared with the prediction.
+(else 3) and its own variants for RWKV and Mamba blocks (derive.flops.neox_flops_per_iteration
+reproduces it); it divides by the world size. So a prediction can be held against a training log
+in the units the log uses, and a log (no hook) can be compared with the prediction.
 """
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 from typing import List, Optional
@@ -20,31 +19,11 @@ from .config.specs import NeoxConfig
 
 
 def approx_flops_per_iteration(cfg: NeoxConfig, padded_vocab: int) -> float:
-    """NeoX's get_actual_flops numerator (megatron/logging.py:91-158): FLOPs per iteration."""
-    m, t = cfg.model, cfg.training
-    batch, seq, h, layers, vocab = (t.train_batch_size, m.seq_length, m.hidden_size, m.num_layers,
-                                    padded_vocab)
-    ckpt = 4 if t.checkpoint_activations else 3
-    kinds = set(m.attention_types)  # NeoX tests membership in the expanded attention_config
-    if "rwkv" in kinds:
-        heads = m.num_attention_heads
-        return batch * seq * (78 * h * h * layers + 84 * h * layers + 16 * h + 12 * h * vocab
-                              + 18 * h * h * layers / heads)
-    if "mamba" in kinds:
-        if m.expansion_factor:
-            d_inner = h * m.expansion_factor
-        elif m.intermediate_size:
-            d_inner = m.intermediate_size
-        else:
-            d_inner = h * 2
-        d_state, conv = 16, 4
-        dt_rank = math.ceil(h / 16)
-        ssm = ckpt * d_inner * seq * batch * (11 * d_state + 4 * dt_rank + 1)
-        projectors = ckpt * seq * batch * 6 * d_inner * h
-        conv_flops = ckpt * seq * batch * 2 * d_inner * conv
-        return (ssm + projectors + conv_flops) * layers + 6 * seq * batch * h * vocab
-    return (24 * ckpt * batch * seq * layers * (h ** 2)
-            * (1.0 + (seq / (6.0 * h)) + (vocab / (16.0 * layers * h))))
+    """get_actual_flops' numerator: FLOPs per iteration, checkpointing counted as NeoX counts it
+    (factor 4, else 3; derive.flops holds the formula, its RWKV and Mamba branches included)."""
+    from .derive.flops import neox_flops_per_iteration
+    return neox_flops_per_iteration(cfg.model, cfg.training, padded_vocab,
+                                    4 if cfg.training.checkpoint_activations else 3)
 
 
 def human_readable_flops(num: float) -> str:

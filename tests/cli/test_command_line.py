@@ -2,8 +2,6 @@
 a mistyped --cluster, a missing file as typed, --format line, NeoX's own log units, the model
 line."""
 import ast
-import contextlib
-import io
 import json
 import math
 import os
@@ -14,9 +12,8 @@ from types import SimpleNamespace
 import pytest
 
 from neox_perf import exitcodes
-from neox_perf.cli import main
 
-from conftest_paths import EXAMPLES  # noqa: F401  (helper module beside this file)
+from cli_run import check_json, run  # noqa: E402  (helper modules beside this file)
 
 SMALL = ("num_layers: 8\nhidden_size: 512\nnum_attention_heads: 8\nseq_length: 512\n"
          "max_position_embeddings: 512\ntrain_micro_batch_size_per_gpu: 2\n"
@@ -24,17 +21,6 @@ SMALL = ("num_layers: 8\nhidden_size: 512\nnum_attention_heads: 8\nseq_length: 5
          "optimizer: {type: Adam, params: {lr: 0.0006}}\n")
 
 
-def run(argv, env=None):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(argv)
-    return code, out.getvalue(), err.getvalue()
-
-
-def check_json(*argv):
-    code, out, err = run(["check", *argv, "--json"])
-    assert out, err
-    return code, json.loads(out)
 
 
 def test_set_overrides_after_the_merge(write_yaml):

@@ -1,15 +1,14 @@
 """`neox-perf report TRAIN_LOG --config ...` (issue 26, section 3): GPT-NeoX's own training log,
 no hook, held against the prediction for its config. The log here is written line for line in
 NeoX's formats (NeoXArgs.print, megatron/logging.py training_log); tests/neox runs NeoX itself."""
-import contextlib
-import io
 import json
 import statistics
 
 import pytest
 
 from neox_perf import exitcodes
-from neox_perf.cli import main
+
+from cli_run import run  # (helper module beside this file)
 
 SMALL = ("num_layers: 8\nhidden_size: 512\nnum_attention_heads: 8\nseq_length: 512\n"
          "max_position_embeddings: 512\ntrain_micro_batch_size_per_gpu: 2\n"
@@ -45,12 +44,6 @@ def write_log(tmp_path, elapsed, world=8, batch=64):
     path.write_text("\n".join(lines) + "\n")
     return str(path)
 
-
-def run(argv):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(argv)
-    return code, out.getvalue(), err.getvalue()
 
 
 def test_a_neox_log_against_the_prediction(tmp_path, write_yaml):

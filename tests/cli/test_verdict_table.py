@@ -3,7 +3,6 @@ exactly the errors (issue 26, done-when). Read from NeoX at ea7aefd8: llemma/34B
 "attention_type" and llemma/7B.yml "decay_lr_to" and "warmup_iters", keys NeoXArgs does not
 declare (NeoXArgs(**config) raises, arguments.py:285); mistral/7B.yml's gated MLP gives linear2
 4779 features where it expects 4778 (transformer.py:134-143,189). NeoX accepts every other one."""
-import pytest
 
 REFUSED = {"llemma/34B.yml": "unknown_key", "llemma/7B.yml": "unknown_key",
            "mistral/7B.yml": "gated_mlp_width"}

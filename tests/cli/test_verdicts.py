@@ -1,17 +1,14 @@
 """Verdicts a NeoX user can act on (issue 26, sections 1-2): what NeoX refuses is an error with
 exit 1 and nothing predicted; a layout that cannot run shows what it would take instead; advice
 follows the cause; layouts that fight the hardware are warnings with the share they cost."""
-import contextlib
-import io
 import json
 
 import pytest
 import yaml
 
 from neox_perf import exitcodes
-from neox_perf.cli import main
 
-from conftest_paths import EXAMPLES  # noqa: F401  (helper module beside this file)
+from cli_run import check_json, run  # (helper modules beside this file)
 
 SMALL = ("num_layers: 8\nhidden_size: 512\nnum_attention_heads: 8\nseq_length: 512\n"
          "max_position_embeddings: 512\ntrain_micro_batch_size_per_gpu: 2\n"
@@ -19,17 +16,6 @@ SMALL = ("num_layers: 8\nhidden_size: 512\nnum_attention_heads: 8\nseq_length: 5
 BATCH = "train_micro_batch_size_per_gpu: 1\ngradient_accumulation_steps: 8\n"
 
 
-def run(argv):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(argv)
-    return code, out.getvalue(), err.getvalue()
-
-
-def check_json(*argv):
-    code, out, err = run(["check", *argv, "--json"])
-    assert out, err
-    return code, json.loads(out)
 
 
 def codes(data, level=None):
@@ -209,3 +195,16 @@ def test_an_assumed_vocabulary_is_in_the_verdict(write_yaml):
     assert "--vocab-size" in warn[0]["fix"]
     code, data = check_json(path, "--gpus", "8", "--vocab-size", "32000")
     assert "vocab_assumed" not in codes(data)
+
+
+def test_the_plain_check_path_does_not_load_the_planner(write_yaml):
+    """The planner (and its search) loads only where a verdict needs it."""
+    import subprocess
+    import sys
+    ok = write_yaml("ok.yml", SMALL)
+    probe = ("import sys, contextlib, io\nfrom neox_perf.cli import main\n"
+             "with contextlib.redirect_stdout(io.StringIO()):\n"
+             f"    code = main(['check', r'{ok}', '--gpus', '1', '--cluster', 'perlmutter-a100'])\n"
+             "print(code, 'neox_perf.plan' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert proc.stdout.split() == ["0", "False"], proc.stderr
