@@ -265,10 +265,28 @@ def _render_suggestion(result, console) -> None:
     grid.add_row("memory", f"{c.max_memory_fraction:.0%} of the GPU at most")
     if c.run_seconds:
         grid.add_row("whole run", f"{_hours(c.run_seconds)}, {_hours(c.gpu_hours * 3600)[:-2]} GPU-hours")
-    grid.add_row("paste", s.set_flags())
     grid.add_row("searched", f"{s.searched} layouts in {s.seconds:.2f} s; `neox-perf plan` ranks "
                              f"them all")
     console.print(Panel(grid, title=head, title_align="left"))
+    # outside the panel, a flag never split from its value: the lines paste into a shell
+    console.print(Text("paste after your config files:", style="bold"))
+    for line in paste_lines(s.set_flags().split(" --"), console.width):
+        console.print(Text(line), overflow="ignore", crop=False)
+
+
+def paste_lines(flags, width: int):
+    """`--flag value` items packed into lines of at most `width`, continued with a backslash."""
+    words = [f if f.startswith("--") else "--" + f for f in flags if f]
+    lines, cur = [], ""
+    for w in words:
+        if cur and len(cur) + 1 + len(w) + 2 > width - 2:
+            lines.append(cur)
+            cur = w
+        else:
+            cur = f"{cur} {w}" if cur else w
+    if cur:
+        lines.append(cur)
+    return ["  " + l + (" \\" if i < len(lines) - 1 else "") for i, l in enumerate(lines)]
 
 
 def coverage_cell(c) -> Text:
