@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 
 from neox_perf.estimate import estimate  # noqa: E402
 from neox_perf.predict import load_cluster  # noqa: E402
-from neox_perf.predictors import devset, step_fit  # noqa: E402
+from neox_perf.predictors.fitting import devset, step_fit  # noqa: E402
 from neox_perf.step_terms import FITTED, StepTerms  # noqa: E402
 
 DEFAULT_CLUSTER = REPO / "neox_perf" / "examples" / "clusters" / "dgx-a100.yml"

@@ -28,10 +28,11 @@ from typing import Dict, List
 import numpy as np
 
 from neox_perf import opspec
-from neox_perf.predictors import baseline, cleaning, fit
+from neox_perf.predictors import baseline
+from neox_perf.predictors.fitting import cleaning, fit
 from neox_perf.predictors.facts import KNOWN_CLUSTERS
 from neox_perf.predictors.forest import log_features
-from neox_perf.predictors.samples import load_cluster
+from neox_perf.predictors.fitting.samples import load_cluster
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SAMPLES = REPO.parent / "shared" / "data" / "paper-2509.22832-samples"
@@ -176,8 +177,8 @@ def evaluate_local(ts, facts, grid, feature: str) -> Dict[str, float]:
 def local_sets(store: Path):
     """The store's cleaned sets and facts, as `calibrate`'s fit sees them."""
     from neox_perf.calibration.store import SampleStore
-    from neox_perf.predictors.local import _device_of, measured_facts, training_sets
-    from neox_perf.predictors.samples import FileRecord
+    from neox_perf.predictors.fitting.calibrated import _device_of, measured_facts, training_sets
+    from neox_perf.predictors.fitting.samples import FileRecord
     with SampleStore(store) as s:
         device, fingerprint = _device_of(s, None)
     sets = training_sets(store, device=device, source="calibrate")

@@ -45,7 +45,7 @@ def record(profile, configs: List[str], measured: float, predicted: float,
     if len(runs) >= MIN_RUNS:
         import numpy as np
 
-        from .predictors.step_fit import interval_from_residuals
+        from .predictors.fitting.step_fit import interval_from_residuals
         section["interval"] = interval_from_residuals(
             np.array([r["measured"] for r in runs]), np.array([r["predicted"] for r in runs]),
             np.array([r["extrapolated_share"] for r in runs]))

@@ -1,6 +1,6 @@
 """Per-cluster operator and collective time regressors (neox_perf.predictors).
 
-Loading and predicting need numpy only; training (`python -m neox_perf.predictors.train`)
+Loading and predicting need numpy only; training (`python -m neox_perf.predictors.fitting.train`)
 needs scikit-learn and XGBoost, imported only there.
 """
 from .errors import ProfileError, SampleFileError

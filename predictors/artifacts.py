@@ -23,7 +23,7 @@ SCHEMA_VERSION = 1
 MANIFEST_FILE = "manifest.json"
 ARRAYS_FILE = "arrays.npz"
 ARRAY_KEYS = ("feature", "threshold", "right", "value", "roots")
-RETRAIN = "retrain it with `python -m neox_perf.predictors.train`"
+RETRAIN = "retrain it with `python -m neox_perf.predictors.fitting.train`"
 
 
 @dataclass(frozen=True)

@@ -346,7 +346,7 @@ def _read_manifest(directory: Path) -> dict:
         raise ProfileError(path, f"unreadable profile manifest ({exc})", RETRAIN) from None
     if not isinstance(manifest, dict) or manifest.get("schema") != SCHEMA:
         raise ProfileError(path, "not a neox-perf cluster profile (no schema "
-                                 f"{SCHEMA!r})", "point at a directory written by neox_perf.predictors.train")
+                                 f"{SCHEMA!r})", "point at a directory written by neox_perf.predictors.fitting.train")
     version = manifest.get("schema_version")
     if version != SCHEMA_VERSION:
         raise ProfileError(path, f"profile schema version {version!r}, this neox-perf reads {SCHEMA_VERSION}",

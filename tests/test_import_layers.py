@@ -21,7 +21,7 @@ HEAVY_ALLOWED = ("neox_perf.hooks", "neox_perf.calibration")
 KNOWN_CYCLES = {
     frozenset({"neox_perf.predictors.profile", "neox_perf.predictors.transfer"}),  # modules
 }
-KNOWN_OUTSIDE = {("rich", "neox_perf.predictors.train")}
+KNOWN_OUTSIDE = {("rich", "neox_perf.predictors.fitting.train")}
 
 
 def _modules():

@@ -6,7 +6,7 @@ import pytest
 
 from neox_perf.estimate import estimate
 from neox_perf.predict import load_cluster, predict
-from neox_perf.predictors import devset, step_fit
+from neox_perf.predictors.fitting import devset, step_fit
 from neox_perf.step_terms import FITTED, Interval, StepTerms, of_profile
 
 

@@ -99,7 +99,7 @@ def run_calibrate(args, progress: Optional[Progress] = None,
     if not has_module("torch"):
         raise UsageError("calibrate measures with torch: pip install 'neox-perf[runtime]'") from None
     from ..calibration.sweep import calibrate, pick_device
-    from ..predictors.local import add_engine, fit_store
+    from ..predictors.fitting.calibrated import add_engine, fit_store
 
     name, out, store = _paths(args)
     source, plan = _plan(args)

@@ -171,7 +171,7 @@ def _refit(args, prof, store: Path, run_dir: str, before: dict, notes: list) -> 
     from ..runs.profile_dir import recover_dir, replace_dir, temp_dir_for, write_manifest
     from ..runs.recalibrate import run_errors
     from ..predictors.artifacts import MANIFEST_FILE
-    from ..predictors.local import fit_store
+    from ..predictors.fitting.calibrated import fit_store
     from ..predictors.profile import load_profile
 
     manifest = prof.manifest
@@ -247,7 +247,7 @@ def _engine(manifest: dict, tmp: Path, records, notes: list, calibrated: Path) -
     from ..engine_terms import EngineSection
     from ..runs.engine_rows import EngineRows
     from ..predictors.artifacts import MANIFEST_FILE
-    from ..predictors.local import add_engine
+    from ..predictors.fitting.calibrated import add_engine
     if not manifest.get("engine"):
         return None
     old = EngineSection.parse(manifest["engine"], f"{tmp.name}: manifest engine")

@@ -167,7 +167,7 @@ def _refit_fixed_cost(manifest: Dict[str, Any], profile_dir: Path, run_dir: str,
     """Refit REFIT on the run's median iteration with the corrected operators (written to
     profile_dir already); the manifest's terms are updated in place."""
     from neox_perf.predictors.profile import load_profile
-    from neox_perf.predictors.step_fit import Case, refit
+    from neox_perf.predictors.fitting.step_fit import Case, refit
     from neox_perf.step_terms import StepTerms
     if not iters.get("median"):
         return {"refitted": None, "why": "no measured iteration outside warm-up and profiling"}

@@ -29,9 +29,10 @@ import numpy as np
 
 from neox_perf import opspec
 
-from . import cleaning, extrapolate, fit
-from .artifacts import ARRAYS_FILE, MANIFEST_FILE, SCHEMA, SCHEMA_VERSION
-from .facts import ClusterFacts, Link
+from .. import extrapolate
+from ..artifacts import ARRAYS_FILE, MANIFEST_FILE, SCHEMA, SCHEMA_VERSION
+from ..facts import ClusterFacts, Link
+from . import cleaning, fit
 from .samples import COLLECTIVE_PHASE, FileRecord, TrainingSet, sha256_of
 from .train import _ArrayPool, _versions, fit_set, write_profile
 
@@ -277,7 +278,7 @@ def add_efficiency_curves(operators: Dict[str, Dict[str, dict]], sets) -> None:
     """Each fitted operator entry gains the efficiency curve predictions follow past its
     sampled range (predictors/extrapolate.py), fitted on the same cleaned rows against the
     roofline baseline the profile evaluates."""
-    from . import baseline
+    from .. import baseline
     for (op, phase), ts in sets:
         entry = operators.get(op, {}).get(phase)
         if not entry or "baseline" not in entry or "features" not in entry:
@@ -383,7 +384,7 @@ ENGINE_FEATURES = {"layer_forward": "operators", "layer_backward": "operators",
 #   at once (the collective benchmark's linear fit under-predicts such sizes), for groups of
 #   the processes the pass ran. The plain optimizer's all-reduce is the same collective.
 def _fit_zero(rows: dict) -> Tuple[dict, List[FitRow]]:
-    from .baseline import fit_nonnegative
+    from ..baseline import fit_nonnegative
 
     rows = [r for r in rows.values() if r.get("params")]
     if not rows:
@@ -456,7 +457,7 @@ def fit_engine(profile, engine_path, tp_path=None, extra_rows=None) -> Tuple[dic
     when given, the in-training tensor-parallel all-reduce benchmark (calibrate.run_tp_benchmark).
     ``extra_rows(profile)``: more rows per term, in the row forms built below, from training
     runs (neox_perf.runs.engine_rows.EngineRows, for `calibrate --from-run`)."""
-    from .baseline import fit_nonnegative
+    from ..baseline import fit_nonnegative
 
     data = json.loads(Path(engine_path).read_text())
     shapes = data.get("shapes", {})
@@ -540,7 +541,7 @@ def fit_engine(profile, engine_path, tp_path=None, extra_rows=None) -> Tuple[dic
 
 def add_engine(profile_dir, engine_path, tp_path=None, extra_rows=None) -> List[FitRow]:
     """Fit the engine terms against the profile in ``profile_dir`` and add them to its manifest."""
-    from .profile import load_profile
+    from ..profile import load_profile
     profile_dir = Path(profile_dir)
     terms, table = fit_engine(load_profile(profile_dir), engine_path, tp_path, extra_rows)
     manifest = json.loads((profile_dir / MANIFEST_FILE).read_text())

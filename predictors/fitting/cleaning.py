@@ -32,8 +32,8 @@ import numpy as np
 
 from neox_perf import opspec
 
-from . import baseline
-from .facts import ClusterFacts
+from .. import baseline
+from ..facts import ClusterFacts
 from .samples import COLLECTIVE_PHASE, FileRecord, TrainingSet
 
 # FLOP counts of matmuls are exact and tensor-core peak is not exceeded in practice.

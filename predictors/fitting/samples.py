@@ -22,7 +22,7 @@ import numpy as np
 
 from neox_perf import opspec
 
-from .errors import SampleFileError
+from ..errors import SampleFileError
 
 US = 1e-6  # sample durations are microseconds; everything downstream is seconds
 COLLECTIVE_PHASE = "comm"  # collectives have no fwd/bwd; one phase name keeps tables uniform

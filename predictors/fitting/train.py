@@ -1,6 +1,6 @@
 """Train the bundled cluster profiles from the published samples.
 
-    python -m neox_perf.predictors.train --samples DIR --out neox_perf/profiles
+    python -m neox_perf.predictors.fitting.train --samples DIR --out neox_perf/profiles
 
 DIR holds Perlmutter/ and Vista/ (default: ../shared/data/paper-2509.22832-samples next to
 the repository). For each cluster: read and clean the samples (cleaning.py), fit a baseline
@@ -22,14 +22,15 @@ import numpy as np
 
 from neox_perf import opspec
 
-from . import baseline, cleaning, fit
-from .errors import SampleFileError
-from .facts import KNOWN_CLUSTERS, KnownCluster
-from .forest import Forest
-from .artifacts import ARRAY_KEYS, ARRAYS_FILE, MANIFEST_FILE, SCHEMA, SCHEMA_VERSION
+from .. import baseline
+from ..artifacts import ARRAY_KEYS, ARRAYS_FILE, MANIFEST_FILE, SCHEMA, SCHEMA_VERSION
+from ..errors import SampleFileError
+from ..facts import KNOWN_CLUSTERS, KnownCluster
+from ..forest import Forest
+from . import cleaning, fit
 from .samples import COLLECTIVE_PHASE, load_cluster, sha256_of
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SAMPLES = REPO.parent / "shared" / "data" / "paper-2509.22832-samples"
 DEFAULT_OUT = REPO / "neox_perf" / "profiles"
 COLLECTIVE_FEATURES = ("elements", "nodes", "gpus_per_node")
@@ -270,7 +271,7 @@ def print_table(name: str, table: List[tuple]) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m neox_perf.predictors.train", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m neox_perf.predictors.fitting.train", description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=Path, default=DEFAULT_SAMPLES,
                         help="folder with Perlmutter/ and Vista/ sample folders")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="profiles folder to write into")

@@ -4,7 +4,8 @@ import json
 import numpy as np
 import pytest
 
-from neox_perf.predictors import fit, load_profile, train
+from neox_perf.predictors import load_profile
+from neox_perf.predictors.fitting import fit, train
 from neox_perf.predictors.facts import KnownCluster
 
 import predictors_synthetic as syn

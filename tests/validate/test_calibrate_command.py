@@ -11,7 +11,8 @@ from neox_perf.calibration.plan import load_plan  # noqa: E402
 from neox_perf.calibration.store import SampleStore  # noqa: E402
 from neox_perf.commands.calibrate import run_calibrate  # noqa: E402
 from neox_perf.errors import UsageError  # noqa: E402
-from neox_perf.predictors import fit, load_profile  # noqa: E402
+from neox_perf.predictors import load_profile  # noqa: E402
+from neox_perf.predictors.fitting import fit  # noqa: E402
 
 from validate_helpers import FakeClock, calibrate_args  # noqa: E402
 
