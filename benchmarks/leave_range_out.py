@@ -30,7 +30,7 @@ import numpy as np
 from neox_perf import opspec
 from neox_perf.predictors import baseline
 from neox_perf.predictors.fitting import cleaning, fit
-from neox_perf.predictors.facts import KNOWN_CLUSTERS
+from neox_perf.predictors.fitting.known_clusters import KNOWN_CLUSTERS
 from neox_perf.predictors.forest import log_features
 from neox_perf.predictors.fitting.samples import load_cluster
 

@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO))
 from neox_perf import opspec  # noqa: E402
 from neox_perf.predictors.fitting import cleaning  # noqa: E402
 from neox_perf.predictors import cluster_file, gpus, transfer  # noqa: E402
-from neox_perf.predictors.facts import KNOWN_CLUSTERS  # noqa: E402
+from neox_perf.predictors.fitting.known_clusters import KNOWN_CLUSTERS  # noqa: E402
 from neox_perf.predictors.profile import load_profile  # noqa: E402
 from neox_perf.predictors.fitting.samples import COLLECTIVE_PHASE, load_cluster  # noqa: E402
 

@@ -22,12 +22,12 @@ from typing import Dict, List, Mapping, Optional, Tuple, Union
 import numpy as np
 
 from neox_perf import opspec
+from neox_perf.profile.facts import ClusterFacts
 
 from . import baseline, extrapolate
 from .cluster_file import DESCRIPTION_FILE, is_description
 from .artifacts import MANIFEST_FILE, RETRAIN, SCHEMA, SCHEMA_VERSION, Arrays, Coverage, Model
 from .errors import ProfileError
-from .facts import ClusterFacts
 
 
 

@@ -43,11 +43,11 @@ from typing import Dict, List, Mapping, Optional, Tuple
 import numpy as np
 
 from neox_perf import opspec
+from neox_perf.profile.facts import ClusterFacts, Link
 
 from . import baseline, gpus
 from .cluster_file import ClusterDescription
 from .errors import ProfileError
-from .facts import ClusterFacts, Link
 
 METHODS = ("roofline", "additive", "fixed_additive")
 TRANSFER_METHOD = "additive"

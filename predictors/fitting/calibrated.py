@@ -28,10 +28,10 @@ from typing import Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from neox_perf import opspec
+from neox_perf.profile.facts import ClusterFacts, Link
 
 from .. import extrapolate
 from ..artifacts import ARRAYS_FILE, MANIFEST_FILE, SCHEMA, SCHEMA_VERSION
-from ..facts import ClusterFacts, Link
 from . import cleaning, fit
 from .samples import COLLECTIVE_PHASE, FileRecord, TrainingSet, sha256_of
 from .train import _ArrayPool, _versions, fit_set, write_profile

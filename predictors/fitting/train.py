@@ -25,9 +25,9 @@ from neox_perf import opspec
 from .. import baseline
 from ..artifacts import ARRAY_KEYS, ARRAYS_FILE, MANIFEST_FILE, SCHEMA, SCHEMA_VERSION
 from ..errors import SampleFileError
-from ..facts import KNOWN_CLUSTERS, KnownCluster
 from ..forest import Forest
 from . import cleaning, fit
+from .known_clusters import KNOWN_CLUSTERS, KnownCluster
 from .samples import COLLECTIVE_PHASE, load_cluster, sha256_of
 
 REPO = Path(__file__).resolve().parents[2]

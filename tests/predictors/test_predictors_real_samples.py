@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from neox_perf.predictors.fitting import cleaning, export, fit
-from neox_perf.predictors.facts import KNOWN_CLUSTERS
+from neox_perf.predictors.fitting.known_clusters import KNOWN_CLUSTERS
 from neox_perf.predictors.forest import log_features
 from neox_perf.predictors.fitting.samples import load_cluster
 

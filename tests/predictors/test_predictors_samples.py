@@ -4,7 +4,7 @@ import pytest
 
 from neox_perf.predictors.fitting import cleaning
 from neox_perf.predictors.errors import SampleFileError
-from neox_perf.predictors.facts import ClusterFacts, Link
+from neox_perf.profile.facts import ClusterFacts, Link
 from neox_perf.predictors.fitting.samples import load_cluster, read_csv
 
 import predictors_synthetic as syn

@@ -6,7 +6,7 @@ import pytest
 
 from neox_perf.predictors import load_profile
 from neox_perf.predictors.fitting import fit, train
-from neox_perf.predictors.facts import KnownCluster
+from neox_perf.predictors.fitting.known_clusters import KnownCluster
 
 import predictors_synthetic as syn
 from test_predictors_samples import FACTS
