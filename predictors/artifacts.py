@@ -9,11 +9,12 @@ import io
 import re
 import struct
 import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
+
+from neox_perf.profile.values import Coverage
 
 from .errors import ProfileError
 from .forest import Forest, log_features
@@ -24,15 +25,6 @@ MANIFEST_FILE = "manifest.json"
 ARRAYS_FILE = "arrays.npz"
 ARRAY_KEYS = ("feature", "threshold", "right", "value", "roots")
 RETRAIN = "retrain it with `python -m neox_perf.predictors.fitting.train`"
-
-
-@dataclass(frozen=True)
-class Coverage:
-    """A query against the samples of the model that predicts it."""
-
-    state: str  # sampled | interpolated (between grid points) | in range (no grid) | extrapolated
-    factor: float  # how far past the sampled range, as a ratio (1.0 inside)
-    detail: str  # the feature furthest outside, e.g. "m=8192 vs the sampled maximum 2048"
 
 
 def _on(v: float, grid) -> bool:

@@ -44,10 +44,12 @@ import numpy as np
 
 from neox_perf import opspec
 from neox_perf.profile.facts import ClusterFacts, Link
+from neox_perf.profile.values import Prediction, ProfileInfo
 
 from . import baseline, gpus
 from .cluster_file import ClusterDescription
 from .errors import ProfileError
+from .sampled import collective_args
 
 METHODS = ("roofline", "additive", "fixed_additive")
 TRANSFER_METHOD = "additive"
@@ -297,7 +299,6 @@ class TransferredProfile:
 
     # ---- collectives ---------------------------------------------------------------------
     def predict_collective(self, kind: str, elements: float, nodes: int, gpus_per_node: int):
-        from .profile import Prediction, collective_args
         elements, nodes, gpn = collective_args(self, kind, elements, nodes, gpus_per_node)
         if nodes * gpn == 1 or elements == 0:
             return Prediction(0.0, False, "")
@@ -336,7 +337,6 @@ class TransferredProfile:
         return out
 
     def info(self):
-        from .profile import ProfileInfo
         return ProfileInfo(self.name, self.path, self.gpu.name,
                            f"description {self.description.path.name}; {self.facts.samples_from}")
 
