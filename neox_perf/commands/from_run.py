@@ -168,7 +168,8 @@ def _refit(args, prof, store: Path, run_dir: str, before: dict, notes: list) -> 
     from ..runs import FromRunError
     from ..runs.engine_rows import stage_measurements
     from ..runs.merge import merge_run_samples, merged_stage_records
-    from ..runs.profile_dir import recover_dir, replace_dir, temp_dir_for, write_manifest
+    from ..profile.directory import recover_dir, replace_dir, temp_dir_for, write_manifest
+    from ..runs.files import clean
     from ..runs.recalibrate import run_errors
     from ..predictors.artifacts import MANIFEST_FILE
     from ..predictors.fitting.calibrated import fit_store
@@ -224,7 +225,7 @@ def _refit(args, prof, store: Path, run_dir: str, before: dict, notes: list) -> 
                             "before": before["operators"]["median_abs_error"],
                             "after": after["operators"]["median_abs_error"]}})
         data["provenance"]["from_runs"] = history
-        write_manifest(path, data)
+        write_manifest(path, clean(data))
         replace_dir(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -272,7 +273,8 @@ def _write_engine(path: Path, section) -> None:
     """The manifest at ``path`` with its engine section replaced by ``section``."""
     import json
 
-    from ..runs.profile_dir import write_manifest
+    from ..profile.directory import write_manifest
+    from ..runs.files import clean
     data = json.loads(path.read_text())
     data["engine"] = section.to_dict()
-    write_manifest(path, data)
+    write_manifest(path, clean(data))

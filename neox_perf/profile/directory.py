@@ -1,4 +1,4 @@
-"""Writing a profile directory in one step (for `calibrate --from-run`).
+"""Writing a profile directory in one step.
 
 Profiles are written to a temporary sibling directory and swapped into place (replace_dir):
 a crash at any moment leaves either the old profile or the new one, never a mix of their
@@ -13,8 +13,6 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Dict
-
-from .files import clean
 
 _AT_FDCWD, _RENAME_EXCHANGE = -100, 2
 
@@ -79,7 +77,7 @@ def write_manifest(path: Path, manifest: Dict[str, Any]) -> None:
     """A manifest inside a temporary profile directory: nobody reads it before the swap, so
     a plain write (mode per umask, unlike a mkstemp file's 0600) is enough."""
     import json
-    Path(path).write_text(json.dumps(clean(manifest), indent=1, allow_nan=False) + "\n")
+    Path(path).write_text(json.dumps(manifest, indent=1, allow_nan=False) + "\n")
 
 
 def temp_dir_for(final: Path) -> Path:

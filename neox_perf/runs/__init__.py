@@ -9,7 +9,6 @@ report       predicted vs measured (`neox-perf report`)
 recalibrate  how far off a profile is on a run; the level correction (`calibrate --from-run`)
 merge        a run's samples merged into a calibration store (the refit)
 engine_rows  engine-term rows from the run's stage times (the refit)
-profile_dir  writing a profile directory in one step
 """
 
 

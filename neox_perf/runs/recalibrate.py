@@ -26,7 +26,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from . import FromRunError, prediction
 from . import files as runfiles
-from .profile_dir import recover_dir, replace_dir, temp_dir_for, write_manifest
+from ..profile.directory import recover_dir, replace_dir, temp_dir_for, write_manifest
+from .files import clean
 
 
 def _weighted_median(pairs: List[Tuple[float, int]]) -> float:
@@ -127,9 +128,9 @@ def recalibrate_from_run(run_dir: str, profile, out_dir: str, name: Optional[str
         arrays = (manifest.get("arrays") or {}).get("file")
         if arrays:  # the trees, unchanged (the manifest keeps their checksum)
             shutil.copy2(os.path.join(str(models.path), arrays), tmp / arrays)
-        write_manifest(tmp / MANIFEST_FILE, manifest)
+        write_manifest(tmp / MANIFEST_FILE, clean(manifest))
         steps.update(_refit_fixed_cost(manifest, tmp, run_dir, *job))
-        write_manifest(tmp / MANIFEST_FILE, manifest)
+        write_manifest(tmp / MANIFEST_FILE, clean(manifest))
         replace_dir(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

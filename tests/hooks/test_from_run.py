@@ -212,7 +212,7 @@ def test_a_failed_refit_leaves_the_old_profile(hooked, tiny_home, tmp_path, monk
 
 
 def test_replacing_a_profile_directory_survives_a_kill_between_renames(tmp_path, mocker):
-    from neox_perf.runs import profile_dir as rc
+    from neox_perf.profile import directory as rc
     final = tmp_path / "prof"
     final.mkdir()
     (final / "manifest.json").write_text("old")
