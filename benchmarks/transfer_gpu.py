@@ -68,8 +68,6 @@ def operator_table(samples: Path):
                 base_seconds = base.predict_many(op, phase, ts.features).seconds
             except Exception:  # the base has no model for it (derived there): not comparable
                 continue
-            if (base.manifest["operators"].get(op) or {}).get(phase, {}).get("derived_from"):
-                continue
             f = np.asarray(opspec.op_flops(op, phase, ts.features), dtype=float)
             b = np.asarray(opspec.op_bytes(op, phase, ts.features), dtype=float)
             row = {"direction": f"{base_name} -> {gpu}", "op": op, "phase": phase, "rows": len(ts),

@@ -29,6 +29,7 @@ from .config import WorldRequest, build
 from .config.loader import RawConfig
 from .config.neox_keys import KEYS, ZERO_DEFAULTS
 from .errors import ConfigError, UsageError
+from .profile.protocol import Profile
 
 # DeepSpeed's partition methods that NeoX configs use; the user's own is always tried too.
 PARTITION_METHODS = ("type:transformer|mlp", "parameters", "uniform")
@@ -244,7 +245,7 @@ def _values(raw: RawConfig):
 
 
 class Planner:
-    def __init__(self, raw: RawConfig, profile, raw_vocab: int, *, headroom: float = 0.9,
+    def __init__(self, raw: RawConfig, profile: Profile, raw_vocab: int, *, headroom: float = 0.9,
                  gpus_per_node: Optional[int] = None, global_batch: Optional[int] = None,
                  max_micro_batch: Optional[int] = None, keep: int = 10):
         if not 0 < headroom <= 1:
@@ -262,7 +263,7 @@ class Planner:
         self._units: Dict[tuple, tuple] = {}
         self._timed: Dict[Layout, Candidate] = {}  # layouts the bound predicted in full
         self._tails: Dict[tuple, tuple] = {}  # _tail_key -> per-stage sync + update seconds
-        self._engine_terms = bool((getattr(profile, "manifest", None) or {}).get("engine"))
+        self._engine_terms = profile.manifest.engine is not None
         self.bounded = 0
         self.value = _values(raw)
         self.shared = SharedDerive(raw_vocab, self.capacity)
@@ -456,7 +457,7 @@ class Planner:
         per_batch = it * batch / t.train_batch_size
         iters = t.train_iters
         run = per_batch * iters if iters else None
-        peak = getattr(self.facts, "peak_fp16_tflops", None)
+        peak = self.facts.peak_fp16_tflops
         flops = derived.flops.model_per_iteration
         mfu = flops / it / p.world_size / 1e12 / peak if peak and flops else None
         worst = max(s.memory.total for s in derived.stages)

@@ -7,91 +7,35 @@ described hardware). Loading never executes code: JSON, YAML safe_load and npz w
 """
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Dict, List, Tuple, Union
 
+from neox_perf.profile import directory as profile_dir
+from neox_perf.profile.directory import bundled_dir, user_profiles_dir
+from neox_perf.profile.sections import RETRAIN
 from neox_perf.profile.values import ProfileInfo
 
-from .artifacts import MANIFEST_FILE, RETRAIN, SCHEMA, SCHEMA_VERSION, Arrays
+from .artifacts import Arrays
 from .cluster_file import DESCRIPTION_FILE, is_description
 from .errors import ProfileError
 from .sampled import ClusterProfile, info_of
 
-
-def _bundled_dir() -> Path:
-    # installed: neox_perf/profiles next to neox_perf/__init__.py; source tree: the same folder
-    import neox_perf
-    return Path(neox_perf.__file__).resolve().parent / "profiles"
-
-
-def is_bundled(path) -> bool:
-    """Whether a profile directory is one this package ships (read-only: never written)."""
-    return Path(path).resolve().parent == _bundled_dir().resolve()
-
-
-def user_profiles_dir() -> Path:
-    """Where `neox-perf calibrate` writes profiles: $NEOX_PERF_HOME/profiles, by default
-    ~/.cache/neox-perf/profiles. Read at every call, so a changed variable takes effect."""
-    home = os.environ.get("NEOX_PERF_HOME")
-    return (Path(home) if home else Path("~/.cache/neox-perf")).expanduser() / "profiles"
-
-
-
-def _read_manifest(directory: Path) -> dict:
-    path = directory / MANIFEST_FILE
-    if not path.is_file():
-        raise ProfileError(path, "profile manifest not found", f"point at a profile directory or {RETRAIN}")
-    try:
-        with open(path, encoding="utf-8") as fh:
-            manifest = json.load(fh)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProfileError(path, f"unreadable profile manifest ({exc})", RETRAIN) from None
-    if not isinstance(manifest, dict) or manifest.get("schema") != SCHEMA:
-        raise ProfileError(path, "not a neox-perf cluster profile (no schema "
-                                 f"{SCHEMA!r})", "point at a directory written by neox_perf.predictors.fitting.train")
-    version = manifest.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise ProfileError(path, f"profile schema version {version!r}, this neox-perf reads {SCHEMA_VERSION}",
-                           f"use the neox-perf that wrote it or {RETRAIN}")
-    for key in ("name", "facts", "operators", "collectives"):
-        if key not in manifest:
-            raise ProfileError(path, f"profile manifest lacks {key!r}", RETRAIN)
-    return manifest
-
-
-def _read_arrays(directory: Path, manifest: dict) -> Optional[Arrays]:
-    spec = manifest.get("arrays") or {}
-    if not spec.get("file"):
-        return None
-    path = directory / spec["file"]
-    if not path.is_file():
-        raise ProfileError(path, "profile arrays file not found", RETRAIN)
-    return Arrays(path, spec.get("sha256"))
-
-
 _LOADED: Dict[Tuple[str, int], ClusterProfile] = {}
-
-
-def _is_profile_dir(path: Path) -> bool:
-    return (path / MANIFEST_FILE).is_file() or (path / DESCRIPTION_FILE).is_file()
 
 
 def _resolve(name_or_path: Union[str, Path]) -> Path:
     """A profile directory (manifest.json or a cluster.yml description inside) or a
     description file."""
     text = str(name_or_path)
-    bundled = _bundled_dir()
     if isinstance(name_or_path, str) and "/" not in text and "\\" not in text:
         # a bare name: bundled first, so a user profile can never shadow a published one
-        for root in (bundled, user_profiles_dir()):
-            if (root / text).is_dir():
+        for root in (bundled_dir(), user_profiles_dir()):
+            if _present(root / text):
                 return root / text
     path = Path(name_or_path).expanduser()
-    if path.is_file() and path.name == MANIFEST_FILE:
+    if profile_dir.is_manifest(path):
         return path.parent
-    if path.is_dir() or is_description(path):
+    if _present(path) or is_description(path):
         return path
     names = ", ".join(p.name for p in list_profiles()) or "none found"
     raise ProfileError(text, "no such cluster profile",
@@ -99,12 +43,19 @@ def _resolve(name_or_path: Union[str, Path]) -> Path:
                        f"YAML, or create one with `neox-perf calibrate --cluster {text}`")
 
 
+def _present(path: Path) -> bool:
+    """A directory there, or one a writer killed mid-swap left aside (put back first)."""
+    if not path.is_dir() and path.parent.is_dir() and not profile_dir.is_bundled(path):
+        profile_dir.recover_dir(path)
+    return path.is_dir()
+
+
 def load_profile(name_or_path: Union[str, Path]):
     """A bundled profile by name ("perlmutter-a100-80gb", "vista-gh200", the description
     "perlmutter-a100"), a profile directory, or a cluster description YAML file: a
     ClusterProfile, or for a description a TransferredProfile with the same interface."""
     target = _resolve(name_or_path).resolve()
-    if target.is_dir() and not (target / MANIFEST_FILE).is_file() and (target / DESCRIPTION_FILE).is_file():
+    if target.is_dir() and not profile_dir.has_manifest(target) and (target / DESCRIPTION_FILE).is_file():
         return _load_description(target / DESCRIPTION_FILE, target)
     if target.is_file():
         return _load_description(target, target)
@@ -112,19 +63,18 @@ def load_profile(name_or_path: Union[str, Path]):
 
 
 def _load_sampled(directory: Path) -> ClusterProfile:
-    manifest_path = directory / MANIFEST_FILE
-    stamp = manifest_path.stat().st_mtime_ns if manifest_path.is_file() else 0
+    stamp = profile_dir.stamp(directory)
     hit = _LOADED.get((str(directory), stamp))
     if hit is not None:
         return hit
-    manifest = _read_manifest(directory)
-    arrays = _read_arrays(directory, manifest)
+    manifest = profile_dir.read(directory)
+    path = profile_dir.arrays_path(directory, manifest)
+    arrays = None if path is None else Arrays(path, manifest.arrays.sha256)
     try:
         profile = ClusterProfile(directory, manifest, arrays)
-    except KeyError as exc:
-        raise ProfileError(manifest_path, f"inconsistent profile (missing key {exc})", RETRAIN) from None
-    except (TypeError, ValueError, IndexError) as exc:
-        raise ProfileError(manifest_path, f"inconsistent profile ({' '.join(str(exc).split())})", RETRAIN) from None
+    except (KeyError, TypeError, ValueError, IndexError) as exc:  # the manifest against its arrays
+        raise ProfileError(profile_dir.manifest_path(directory),
+                           f"inconsistent profile ({' '.join(str(exc).split())})", RETRAIN) from None
     _LOADED[(str(directory), stamp)] = profile
     return profile
 
@@ -143,7 +93,7 @@ def _load_description(file: Path, path: Path):
         names = ", ".join(p.name for p in list_profiles() if not p.description) or "none found"
         raise ProfileError(file, f"base: no sampled profile {desc.base!r}",
                            f"use a sampled profile ({names}) or a profile directory") from None
-    if not (base_target.is_dir() and (base_target / MANIFEST_FILE).is_file()):
+    if not (base_target.is_dir() and profile_dir.has_manifest(base_target)):
         raise ProfileError(file, f"base: {desc.base!r} is not a sampled profile (a description cannot be a base)",
                            "name the sampled profile that description is based on")
     base = _load_sampled(base_target)
@@ -158,15 +108,16 @@ def list_profiles() -> List[ProfileInfo]:
     """Bundled profiles, then the user's (user_profiles_dir()) that a bundled name does not
     shadow; only those whose manifest (or cluster description) reads cleanly."""
     out: List[ProfileInfo] = []
-    for root in (_bundled_dir(), user_profiles_dir()):
+    for root in (bundled_dir(), user_profiles_dir()):
         if not root.is_dir():
             continue
-        for directory in sorted(p for p in root.iterdir() if p.is_dir()):
+        # dot-directories are writers' new versions and killed swaps' leftovers, not profiles
+        for directory in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
             if any(info.name == directory.name for info in out):
                 continue
             try:
-                if (directory / MANIFEST_FILE).is_file():
-                    out.append(info_of(directory, _read_manifest(directory)))
+                if profile_dir.has_manifest(directory):
+                    out.append(info_of(directory, profile_dir.read(directory)))
                 elif (directory / DESCRIPTION_FILE).is_file():
                     out.append(_description_info(directory))
             except ProfileError:

@@ -19,6 +19,8 @@ import numpy as np
 
 from neox_perf import opspec
 from neox_perf.profile.facts import ClusterFacts
+from neox_perf.profile.manifest import Manifest
+from neox_perf.profile.sections import Provenance
 from neox_perf.profile.values import BatchPrediction, Coverage, Prediction, ProfileInfo
 
 from . import baseline, extrapolate
@@ -27,16 +29,19 @@ from .errors import ProfileError
 
 
 class ClusterProfile:
-    """Trained regressors of one cluster. Build with load_profile()."""
+    """Trained regressors of one cluster (a neox_perf/profile/protocol.Profile). Build with
+    predictors/profile.load_profile()."""
 
-    def __init__(self, path: Path, manifest: dict, arrays: Optional[Arrays]):
+    base = None  # a sampled profile stands on its own samples (a description's has a base)
+
+    def __init__(self, path: Path, manifest: Manifest, arrays: Optional[Arrays]):
         self.path = path
         self.manifest = manifest
-        self.name: str = manifest["name"]
-        self.facts: ClusterFacts = ClusterFacts.from_dict(manifest["facts"])
+        self.name: str = manifest.name
+        self.facts: ClusterFacts = manifest.facts
         # Collective samples count elements of the dtype they were measured in: fp16 for the
         # published NCCL samples, the calibration's dtype for a profile of your own.
-        self.collective_dtype: str = (manifest.get("calibration") or {}).get("dtype") or "fp16"
+        self.collective_dtype: str = (manifest.calibration.dtype if manifest.calibration else None) or "fp16"
         # the element size its operator samples moved: what a stand-in's byte ratio is taken at
         self.dtype_bytes: int = 4 if self.collective_dtype == "fp32" else opspec.FP16_BYTES
         self._ops: Dict[Tuple[str, str], Model] = {}
@@ -45,14 +50,13 @@ class ClusterProfile:
         # efficiency curves past the sampled range: only profiles whose trainer fitted them
         # (local calibrations); bundled profiles keep baseline x trees everywhere
         self._curves: Dict[Tuple[str, str], object] = {}
-        use_curves = manifest.get("extrapolation") == extrapolate.MARKER
-        for op, phases in manifest["operators"].items():
+        use_curves = manifest.extrapolation == extrapolate.MARKER
+        for op, phases in manifest.operators.items():
             for phase, entry in phases.items():
                 self._ops[(op, phase)] = Model(f"{op}/{phase}", entry, arrays)
-                if use_curves and "efficiency" in entry:
-                    self._curves[(op, phase)] = extrapolate.Curve.from_entry(entry["features"],
-                                                                             entry["efficiency"])
-        for kind, entry in manifest["collectives"].items():
+                if use_curves and entry.efficiency is not None:
+                    self._curves[(op, phase)] = extrapolate.Curve.from_entry(entry.features, entry.efficiency)
+        for kind, entry in manifest.collectives.items():
             self._colls[kind] = Model(kind, entry, arrays)
 
     # ---- operators -------------------------------------------------------------------
@@ -274,12 +278,13 @@ def _check_values(op: str, names, values) -> None:
                              f"got {v!r}")
 
 
-def info_of(path: Path, manifest: dict) -> ProfileInfo:
-    prov = manifest.get("provenance", {})
-    versions = manifest.get("training", {}).get("library_versions", {})
-    text = f"{prov.get('source', 'unknown source')}, {prov.get('license', 'unknown license')} licence"
+def info_of(path: Path, manifest: Manifest) -> ProfileInfo:
+    prov = manifest.provenance or Provenance()
+    versions = manifest.training.library_versions if manifest.training else {}
+    source = "unknown source" if prov.source is None else prov.source
+    text = f"{source}, {'unknown license' if prov.license is None else prov.license} licence"
     if versions:
         text += "; trained with " + ", ".join(f"{k} {v}" for k, v in versions.items() if k != "python")
-    return ProfileInfo(manifest["name"], path, manifest["facts"]["gpu_name"], text)
+    return ProfileInfo(manifest.name, path, manifest.facts.gpu_name, text)
 
 

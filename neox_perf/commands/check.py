@@ -24,7 +24,7 @@ def run_check(args) -> CheckResult:
     search = [os.path.dirname(vocab_source)] if vocab_source else []
     vocab = raw_vocab(cfg.model.tokenizer_type, cfg.model.vocab_file, args.vocab_size, search)
     result = CheckResult(config=cfg, vocab=vocab, warnings=warnings, facts=facts,
-                         profile_name=getattr(profile, "name", None), profile=profile)
+                         profile_name=profile.name if profile is not None else None, profile=profile)
     if any(v.level == "error" and v.code in _BLOCKING for v in verdicts):
         result.verdicts = verdicts
         return result

@@ -70,7 +70,7 @@ def tiny_home(tmp_path_factory):
     from neox_perf.calibration.engine import engine_path, run_engine
     from neox_perf.commands.calibrate import run_calibrate
     from neox_perf.predictors.fitting import fit
-    from neox_perf.predictors.fitting.calibrated import add_engine
+    from neox_perf.predictors.fitting.engine_fit import add_engine
     home = tmp_path_factory.mktemp("tiny-home")
     plan = home / "tiny.yml"
     plan.write_text(TINY_PLAN)

@@ -71,7 +71,8 @@ def test_every_file_has_provenance(trained):
 
 def test_table_prints(trained, capsys):
     _, _, table = trained
-    train.print_table("fake", table)
+    from neox_perf.render.fit_table import print_fit_table
+    print_fit_table("fake", table)
     out = capsys.readouterr().out
     assert "baseline+trees" in out and "linear1" in out
 
