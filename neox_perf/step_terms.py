@@ -180,9 +180,8 @@ class StepTermsSection:
 _TYPED = tuple(f.name for f in fields(StepTermsSection) if f.name != "extra")
 
 
-# A calibrated profile's own validation runs (neox_perf/profile_validation.py): once there are
-# enough, their residuals give its interval.
-VALIDATION_SECTION = "validation"
+# A calibrated profile's own validation runs (neox_perf/profile_validation.py, the manifest's
+# sections.Validation): once there are enough, their residuals give its interval.
 VALIDATION_MIN_RUNS = 5  # an 80% interval needs a tail on each side: fewer cannot place one
 
 
