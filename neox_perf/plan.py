@@ -29,6 +29,7 @@ from .config import WorldRequest, build
 from .config.loader import RawConfig
 from .config.neox_keys import KEYS, ZERO_DEFAULTS
 from .errors import ConfigError, UsageError
+from .profile.protocol import Profile
 
 # DeepSpeed's partition methods that NeoX configs use; the user's own is always tried too.
 PARTITION_METHODS = ("type:transformer|mlp", "parameters", "uniform")
@@ -250,7 +251,7 @@ def _values(raw: RawConfig):
 
 
 class Planner:
-    def __init__(self, raw: RawConfig, profile, raw_vocab: int, *, headroom: float = 0.9,
+    def __init__(self, raw: RawConfig, profile: Profile, raw_vocab: int, *, headroom: float = 0.9,
                  gpus_per_node: Optional[int] = None, global_batch: Optional[int] = None,
                  max_micro_batch: Optional[int] = None, keep: int = 10,
                  near: Optional[Layout] = None, spare: bool = False):
@@ -276,7 +277,7 @@ class Planner:
         self._timed: Dict[Layout, Candidate] = {}  # layouts the bound predicted in full
         self._tails: Dict[tuple, tuple] = {}  # _tail_key -> per-stage sync + update seconds
         self._quick_tails: Dict[tuple, tuple] = {}  # the same, from one micro-batch (near=)
-        self._engine_terms = bool((getattr(profile, "manifest", None) or {}).get("engine"))
+        self._engine_terms = profile.manifest.engine is not None
         self.bounded = 0
         self.value = _values(raw)
         self.shared = SharedDerive(raw_vocab, self.capacity)
@@ -483,7 +484,7 @@ class Planner:
         per_batch = it * batch / t.train_batch_size
         iters = t.train_iters
         run = per_batch * iters if iters else None
-        peak = getattr(self.facts, "peak_fp16_tflops", None)
+        peak = self.facts.peak_fp16_tflops
         flops = derived.flops.model_per_iteration
         mfu = flops / it / p.world_size / 1e12 / peak if peak and flops else None
         worst = max(s.memory.total for s in derived.stages)

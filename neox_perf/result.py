@@ -10,6 +10,9 @@ from . import exitcodes
 from .config.specs import NeoxConfig
 from .config.tokenizer import RawVocab
 from .config.verdicts import LEVELS, Verdict
+from .profile.facts import ClusterFacts
+from .profile.protocol import Profile
+from .step_terms import StepTermsSection
 
 
 @dataclass
@@ -17,9 +20,9 @@ class CheckResult:
     config: NeoxConfig
     vocab: RawVocab
     warnings: List[str]
-    facts: Optional[object] = None  # ClusterFacts of the profile, if --cluster
+    facts: Optional[ClusterFacts] = None  # the profile's, if --cluster
     profile_name: Optional[str] = None
-    profile: Optional[object] = None  # the ClusterProfile predicted with, if --cluster
+    profile: Optional[Profile] = None  # the profile predicted with, if --cluster
     derived: Optional[object] = None  # DerivedModel, unless a blocking error stopped derivation
     decomposition: Optional[object] = None
     estimate: Optional[object] = None  # IterationEstimate, when a profile was given
@@ -180,7 +183,7 @@ def _prediction(result: CheckResult) -> Optional[dict]:
     flops = d.flops.model_per_iteration if d else None
     if flops:
         out["tflops_per_gpu"] = flops / est.iteration_seconds / world / 1e12
-        peak = getattr(result.facts, "peak_fp16_tflops", None)
+        peak = result.facts.peak_fp16_tflops if result.facts is not None else None
         out["mfu"] = out["tflops_per_gpu"] / peak if peak else None
     iters = cfg.training.train_iters
     if iters:
@@ -207,14 +210,16 @@ def slurm_time(seconds: float) -> str:
 def coverage_rows(est) -> List[dict]:
     """Per operator and phase, how its least-covered shape lies against the samples."""
     return [{"what": what, "state": c.state, "factor": c.factor, "detail": c.detail}
-            for what, c in (getattr(est, "coverage", None) or {}).items()]
+            for what, c in est.coverage.items()]
 
 
-def _step_terms(profile) -> Optional[dict]:
+def _step_terms(profile: Optional[Profile]) -> Optional[dict]:
     """What the profile adds to the operator sum, and where it was measured."""
     if profile is None:
         return None
-    section = (getattr(profile, "manifest", None) or {}).get("step_terms") or {}
-    return {"applied": bool(section.get("terms")), "terms": section.get("terms"),
-            "source": section.get("fitted_on", "none: the plain sum of operator predictions"),
-            "cross_validation": section.get("cross_validation")}
+    section = profile.manifest.step_terms or StepTermsSection()
+    return {"applied": section.terms is not None,
+            "terms": section.terms.to_dict() if section.terms is not None else None,
+            "source": section.fitted_on if section.fitted_on is not None
+            else "none: the plain sum of operator predictions",
+            "cross_validation": section.cross_validation}

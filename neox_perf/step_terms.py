@@ -8,13 +8,17 @@ wide tensor parallelism). The terms below are that difference, each with a physi
 fitted on measured end-to-end runs (predictors/step_fit.py) and cross-validated on layouts
 they were not fitted on. A profile without them predicts the plain operator sum.
 
-Also here: the interval a profile's measured residuals put around every prediction.
+Also here: the interval a profile's measured residuals put around every prediction, and the
+manifest's "step_terms" section that carries both (StepTermsSection, parsed once with the
+manifest: neox_perf/profile/manifest.py).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Dict, Mapping, Optional, Tuple
+
+from .errors import ProfileError, reading, text
 
 # Operators whose time is set by arithmetic throughput; the rest are memory-bound.
 COMPUTE_BOUND = frozenset({"linear1", "linear2", "linear3", "linear4", "linear_final", "qk", "av",
@@ -122,35 +126,88 @@ class Interval:
             raise ValueError(f"interval ratios must satisfy 0 < lo <= 1 <= hi, got {lo}, {hi}")
         return cls(lo, hi, float(data.get("widen_per_extrapolated", 0.0)))
 
+    def to_dict(self) -> Dict[str, float]:
+        return asdict(self)
 
-# A calibrated profile's own validation runs (neox_perf/profile_validation.py): once there are
-# enough, their residuals give its interval.
-VALIDATION_SECTION = "validation"
+
+REFIT = "refit them (benchmarks/endtoend.py --write-terms, or `neox-perf calibrate --from-run`)"
+# the section's keys in the order its writers write them (benchmarks/endtoend.py)
+SECTION_ORDER = ("terms", "interval", "fitted_on", "fitted_gpu", "other_gpu_widen", "assumptions",
+                 "cross_validation", "command")
+
+
+@dataclass(frozen=True)
+class StepTermsSection:
+    """The manifest's "step_terms" section: the terms, the interval the development set's
+    cross-validated residuals put around a prediction, and where both were fitted."""
+
+    terms: Optional[StepTerms] = None  # None: the plain sum of operator predictions
+    interval: Optional[Interval] = None
+    fitted_on: Optional[str] = None  # what the terms were fitted on, for the reports
+    fitted_gpu: Optional[str] = None  # the GPU of those runs (the interval widens on another)
+    other_gpu_widen: Optional[float] = None  # relative widening of the interval on another GPU
+    cross_validation: Optional[Mapping[str, Any]] = None  # the fit's cross-validated errors
+    extra: Mapping[str, Any] = field(default_factory=dict)  # assumptions, command, ... as written
+
+    @classmethod
+    def parse(cls, data: Mapping[str, Any], where: str = "step_terms") -> "StepTermsSection":
+        if not isinstance(data, Mapping):
+            raise ProfileError(where, "not a mapping", REFIT)
+        out: Dict[str, Any] = {}
+        with reading(f"{where}.terms", REFIT):
+            out["terms"] = None if data.get("terms") is None else StepTerms.from_dict(data["terms"])
+        with reading(f"{where}.interval", REFIT):
+            out["interval"] = None if data.get("interval") is None else Interval.from_dict(data["interval"])
+        for key, kind in (("fitted_on", text), ("fitted_gpu", text), ("other_gpu_widen", float)):
+            with reading(f"{where}.{key}", REFIT):
+                out[key] = None if data.get(key) is None else kind(data[key])
+        cv = data.get("cross_validation")
+        if cv is not None and not isinstance(cv, Mapping):
+            raise ProfileError(f"{where}.cross_validation", "not a mapping", REFIT)
+        return cls(**out, cross_validation=cv,
+                   extra={k: v for k, v in data.items() if k not in _TYPED})
+
+    def to_dict(self) -> Dict[str, Any]:
+        values: Dict[str, Any] = dict(self.extra)
+        for key in _TYPED:
+            v = getattr(self, key)
+            if v is not None:
+                values[key] = v.to_dict() if hasattr(v, "to_dict") else v
+        return {**{k: values[k] for k in SECTION_ORDER if k in values},
+                **{k: v for k, v in values.items() if k not in SECTION_ORDER}}
+
+
+_TYPED = tuple(f.name for f in fields(StepTermsSection) if f.name != "extra")
+
+
+# A calibrated profile's own validation runs (neox_perf/profile_validation.py, the manifest's
+# sections.Validation): once there are enough, their residuals give its interval.
 VALIDATION_MIN_RUNS = 5  # an 80% interval needs a tail on each side: fewer cannot place one
 
 
 def of_profile(profile) -> Tuple[StepTerms, Optional[Interval]]:
     """The step terms and interval a profile's manifest carries (identity and None without);
-    a calibrated profile's interval from its own validation runs comes first.
+    a calibrated profile's interval from its own validation runs comes first. ``profile``: a
+    neox_perf.profile.protocol.Profile.
 
     Terms measured on one GPU and applied to another (a description transferred to another
     GPU, or a profile whose end-to-end runs came from elsewhere) keep their values, but the
     interval widens by the section's `other_gpu_widen`: the operator error measured when one
     GPU's samples predict another's (benchmarks/transfer_gpu.py)."""
-    manifest = getattr(profile, "manifest", None) or {}
-    section = manifest.get("step_terms") or {}
-    terms = StepTerms.from_dict(section["terms"]) if section.get("terms") else StepTerms()
-    own = manifest.get(VALIDATION_SECTION) or {}
-    if own.get("interval") and len(own.get("runs") or []) >= VALIDATION_MIN_RUNS:
+    manifest = profile.manifest
+    section = manifest.step_terms or StepTermsSection()
+    terms = section.terms or StepTerms()
+    own = manifest.validation
+    if own is not None and own.interval is not None and len(own.runs) >= VALIDATION_MIN_RUNS:
         # measured on this profile's own machine: nothing to widen for another GPU
-        return terms, Interval.from_dict(own["interval"])
-    interval = Interval.from_dict(section["interval"]) if section.get("interval") else None
-    fitted_gpu = section.get("fitted_gpu")
-    gpu = getattr(getattr(profile, "facts", None), "gpu_name", None)
-    if interval is not None and fitted_gpu and gpu and not _same_gpu(fitted_gpu, gpu):
-        widen = float(section.get("other_gpu_widen", 0.0))
-        interval = Interval(interval.lo_ratio / (1 + widen), interval.hi_ratio * (1 + widen),
-                            interval.widen_per_extrapolated)
+        return terms, own.interval
+    interval = section.interval
+    if interval is not None and section.fitted_gpu:
+        gpu = profile.facts.gpu_name
+        if gpu and not _same_gpu(section.fitted_gpu, gpu):
+            widen = section.other_gpu_widen or 0.0
+            interval = Interval(interval.lo_ratio / (1 + widen), interval.hi_ratio * (1 + widen),
+                                interval.widen_per_extrapolated)
     return terms, interval
 
 

@@ -176,7 +176,7 @@ def run_plan(args) -> PlanResult:
                       gpus_per_node=args.gpus_per_node, global_batch=args.global_batch,
                       max_micro_batch=args.max_micro_batch, keep=args.top)
     plan = planner.run(args.gpus)
-    result = PlanResult(plan=plan, files=list(raw.files), profile_name=getattr(profile, "name", None),
+    result = PlanResult(plan=plan, files=list(raw.files), profile_name=profile.name,
                         facts=profile.facts, top=args.top, warnings=list(raw.warnings))
     if plan.candidates:
         best = plan.candidates[0]

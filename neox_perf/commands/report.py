@@ -1,6 +1,7 @@
 """`neox-perf report RUN_DIR`: predicted vs measured for a run the hook recorded."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -61,11 +62,12 @@ def add_arguments(parser) -> None:
 
 
 def report_result(run_dir: str, cluster: Optional[str] = None, top: int = 10) -> ReportResult:
-    from ..runs.report import ReportError, build
-    try:
-        return ReportResult(build(run_dir, cluster=cluster, top=top))
-    except ReportError as exc:
-        raise UsageError(str(exc)) from None
+    """The report of a run dir. One that is not there is a usage error; one whose data cannot
+    be reported raises runs.report.ReportError (the data-error exit)."""
+    from ..runs.report import build
+    if not os.path.isdir(run_dir):
+        raise UsageError(f"{os.path.abspath(run_dir)}: no such run dir")
+    return ReportResult(build(run_dir, cluster=cluster, top=top))
 
 
 def run_report(args):

@@ -98,7 +98,7 @@ def render(result, console) -> None:
         f = result.facts
         head.add_row("cluster", f"{result.profile_name}: {f.gpu_name}, {f.gpu_memory_bytes / GIB:.0f} GiB, "
                                 f"{f.gpus_per_node} GPUs/node")
-        if getattr(f, "samples_from", ""):
+        if f.samples_from:
             head.add_row("samples", f.samples_from)
     if d is not None:
         head.add_row("parameters", f"{d.params.unique:,} total ({_n(d.params.unique)}); "
