@@ -29,7 +29,7 @@ import numpy as np
 
 from neox_perf import opspec
 
-from . import cleaning, extrapolate, fit
+from . import cleaning, extrapolate, fit, gpus
 from .artifacts import ARRAYS_FILE, MANIFEST_FILE, SCHEMA, SCHEMA_VERSION
 from .facts import ClusterFacts, Link
 from .samples import COLLECTIVE_PHASE, FileRecord, TrainingSet, sha256_of
@@ -88,6 +88,14 @@ def _max_rate(sets, ops, quantity) -> float:
         if op in ops and phase != COLLECTIVE_PHASE and len(ts):
             best = max(best, float(np.max(quantity(op, phase, ts.features) / ts.seconds)))
     return best
+
+
+def _precision(dtype: Optional[str]) -> str:
+    """The calibration's dtype as the GPU table names precisions (fp16 where unstated)."""
+    try:
+        return gpus.precision_key(dtype) if dtype else "fp16"
+    except ValueError:
+        return "fp16"
 
 
 def measured_facts(name: str, fingerprint: dict, sets, gpus_per_node: int) -> Tuple[ClusterFacts, List[str]]:
@@ -208,7 +216,7 @@ def fit_store(store_path, name: str, out_dir, *, device: Optional[int] = None,
     facts, fact_notes = measured_facts(name, fingerprint, sets, procs)
     record = FileRecord(store_path, "store", "calibration", used_for="all", sha256=sha256_of(store_path),
                         rows=int(sum(len(ts) for ts in sets.values())))
-    cleaned = cleaning.clean(sets, [record], facts)
+    cleaned = cleaning.clean(sets, [record], facts, precision=_precision(dtype))
     pool = _ArrayPool()
     operators: Dict[str, Dict[str, dict]] = {}
     collectives: Dict[str, dict] = {}

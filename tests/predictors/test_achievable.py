@@ -1,13 +1,20 @@
-"""The achievable-rate table and the rules built on it (predictors/achievable.py)."""
+"""The achievable-rate table, the rules built on it (predictors/achievable.py) and the cleaning
+rule for samples faster than the chip sustains (docs/achievable-rates.md)."""
+from dataclasses import replace
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from neox_perf import opspec
 from neox_perf.operators import OpCall
-from neox_perf.predictors import achievable, gpus
+from neox_perf.predictors import achievable, cleaning, gpus
 from neox_perf.predictors.errors import ProfileError
+from neox_perf.predictors.facts import ClusterFacts, Link
 from neox_perf.predictors.profile import load_profile
+from neox_perf.predictors.samples import load_cluster
+
+import predictors_synthetic as syn
 
 
 def test_every_rate_is_sourced_and_below_its_data_sheet():
@@ -91,3 +98,36 @@ def test_mfu_is_quoted_against_the_runs_precision():
     dgx = load_profile("perlmutter-a100")
     assert achievable.mfu_peak_tflops(dgx, "fp16") == 312
     assert achievable.mfu_peak_tflops(dgx, "fp32") == 19.5
+
+
+# ---- cleaning -------------------------------------------------------------------------
+
+GCD = ClusterFacts(name="gcd", gpu_name="AMD MI250X-GCD", gpu_memory_bytes=64 << 30, gpus_per_node=8,
+                   intra_node_link=Link("xgmi", 100.0, 7), inter_node_link=Link("slingshot", 25.0, 4),
+                   peak_fp16_tflops=191.5, hbm_bandwidth_gbps=1638.0)
+
+
+def test_rows_beating_the_achievable_rate_are_raised_to_it_and_counted(tmp_path):
+    """The synthetic GEMMs run at up to ~200 TFLOP/s: on one MI250X GCD (achievable 147.0,
+    data sheet 191.5, dropped only above 1.25 x 191.5) the faster rows are kept but raised to
+    FLOPs / 147.0, each file counts them, the manifest notes say how many."""
+    syn.write_operator(tmp_path, "linear1")
+    (tmp_path / "nccl").mkdir()
+    sets, records = load_cluster(tmp_path)
+    raw = sets[("linear1", "fwd")]
+    floor = opspec.op_flops("linear1", "fwd", raw.features) / 147.0e12
+    fast = int(np.sum(raw.seconds < floor))
+    assert fast > 0
+    result = cleaning.clean(sets, records, GCD)
+    kept = result.sets[("linear1", "fwd")]
+    rate = opspec.op_flops("linear1", "fwd", kept.features) / kept.seconds
+    assert rate.max() <= 147.0e12 * (1 + 1e-9)
+    rec = next(r for r in records if r.path.name.endswith("linear1_fp16.csv"))
+    assert rec.capped["fwd"] == fast and rec.to_dict()["capped_to_achievable"]["fwd"] == fast
+    assert any(n.startswith("linear1/fwd:") and "147 TFLOP/s" in n for n in result.notes)
+    # a CPU calibration (no GPU row) keeps every row as measured
+    sets, records = load_cluster(tmp_path)
+    cpu = replace(GCD, gpu_name="AMD EPYC (CPU)")
+    same = cleaning.clean(sets, records, cpu).sets[("linear1", "fwd")]
+    assert not any(r.capped for r in records)
+    assert (opspec.op_flops("linear1", "fwd", same.features) / same.seconds).max() > 147.0e12
