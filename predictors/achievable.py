@@ -62,9 +62,13 @@ def gpu_of(profile) -> Optional[gpus.GPU]:
 
 
 def samples_precision(profile) -> str:
-    """The precision a profile's operator samples were timed in (its calibration's dtype)."""
-    section = (getattr(profile, "manifest", None) or {}).get("calibration")
-    dtype = section.get("dtype") if isinstance(section, dict) else None
+    """The precision a profile's operator models predict in: the run a level correction scaled
+    them to (`calibrate --from-run`), else its calibration's dtype, else the published fp16."""
+    manifest = getattr(profile, "manifest", None) or {}
+    recalibrated = (manifest.get("provenance") or {}).get("recalibrated")
+    section = manifest.get("calibration")
+    dtype = recalibrated.get("dtype") if isinstance(recalibrated, dict) else None
+    dtype = dtype or (section.get("dtype") if isinstance(section, dict) else None)
     try:
         return gpus.precision_key(dtype) if dtype else SAMPLES_DEFAULT
     except ValueError:

@@ -117,10 +117,14 @@ def recalibrate_from_run(run_dir: str, profile, out_dir: str, name: Optional[str
     from .report import measured_job
     job = measured_job(run_dir)  # (reference rank's summary, measured iterations), read once
     steps = _level_step_terms(manifest, job[0])
+    # the corrected operator models now predict the run's calls in the run's element type: an
+    # fp32 run's level is not to be priced again from 16-bit samples (predictors/achievable.py)
+    dtypes = {s.dtype for s in samples if getattr(s, "dtype", None)}
     manifest.setdefault("provenance", {})["recalibrated"] = {
         "from_profile": prof.name, "run_dir": os.path.abspath(run_dir), "time": time.time(),
         "method": "baseline coefficients x weighted median(measured / predicted) per model",
-        "factors": factors, "skipped": skipped, "devices": devices}
+        "factors": factors, "skipped": skipped, "devices": devices,
+        "dtype": dtypes.pop() if len(dtypes) == 1 else None}
     recover_dir(final)
     tmp = temp_dir_for(final)
     try:

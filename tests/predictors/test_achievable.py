@@ -89,6 +89,10 @@ def test_fp32_from_fp16_samples_and_a_cpu_calibration():
     cpu = SimpleNamespace(facts=SimpleNamespace(gpu_name="Intel Xeon (CPU)"),
                           manifest={"calibration": {"dtype": "fp32", "device": "cpu"}}, path="cpu")
     assert achievable.limits(cpu, "fp32") is None
+    # a level-corrected copy (calibrate --from-run) predicts its run's fp32 calls already
+    corrected = SimpleNamespace(gpu=gpus.gpu("H100-SXM5-80GB"), path="c",
+                                manifest={"provenance": {"recalibrated": {"dtype": "fp32"}}})
+    assert achievable.limits(corrected, "fp32").rescale_tflops is None
     # bf16 from fp16 samples rescales only where the two rates differ
     assert achievable.limits(SimpleNamespace(gpu=gpus.gpu("MI300X"), manifest={}), "bf16").rescale_tflops == (654.0, 708.0)
     assert achievable.limits(h100, "bf16").rescale_tflops is None
