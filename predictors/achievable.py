@@ -6,14 +6,16 @@ run computes in: the rule every operator prediction passes through (`estimate`, 
    samples: fp16). A run in another is priced on the same GPU by the additive roofline of
    achievable rates, the form transfer.operator_ratio uses between GPUs:
 
-       t_run = t_samples * (F / P_run + B_run / W) / (F / P_samples + B_samples / W)
+       t_run = t0 + (t_samples - t0) * (F / P_run + B_run / W) / (F / P_samples + B_samples / W)
 
    F the call's FLOPs, B its bytes at each precision's element size (fp32 moves twice the
    bytes of fp16), P the GPU's achievable dense rate per precision (gpus.Rate) for the matmul
    operators (step_terms.COMPUTE_BOUND) and its fp32 vector rate in both precisions for the
    rest (elementwise math runs on the vector units whatever the storage type), W its HBM
-   bandwidth. A GEMM priced from fp16 samples in fp32 slows by up to P_fp16 / P_fp32 (14x on
-   an A100: 271 vs 19 TFLOP/s), a norm by its doubled bytes. fp32 means IEEE fp32 matmuls:
+   bandwidth, t0 the model's fitted fixed cost (its baseline's constant: launch and framework
+   overhead, the same whatever the element type; a tiny kernel is not 14x slower in fp32). A
+   GEMM priced from fp16 samples in fp32 slows by up to P_fp16 / P_fp32 (14x on an A100: 271
+   vs 19 TFLOP/s), a norm by its doubled bytes. fp32 means IEEE fp32 matmuls:
    GPT-NeoX and DeepSpeed never set torch.backends.cuda.matmul.allow_tf32 nor
    torch.set_float32_matmul_precision, and PyTorch leaves TF32 off for matmuls by default
    since 1.12 (docs: notes/cuda.rst, "TensorFloat-32 (TF32) on Ampere (and later) devices").
@@ -36,7 +38,7 @@ are in the run's precision) have no GPU row: nothing is rescaled or capped there
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
 from neox_perf import opspec
@@ -100,9 +102,11 @@ class OperatorLimits:
     # (samples' rate, run's rate) TFLOP/s when the run is priced from samples of another
     # precision; None when the samples already are the run's precision (or run at its rate)
     rescale_tflops: Optional[Tuple[float, float]] = None
+    profile: object = field(default=None, compare=False, repr=False)  # whose models' fixed costs stay
 
     def rescaled(self, call, seconds: float) -> float:
-        """Isolated seconds of `call` in the run's precision from its samples' prediction."""
+        """Isolated seconds of `call` in the run's precision from its samples' prediction; the
+        model's fixed cost (fixed_cost()) does not scale."""
         if self.rescale_tflops is None:
             return seconds
         if call.op in COMPUTE_BOUND:
@@ -115,7 +119,8 @@ class OperatorLimits:
         b_s = float(opspec.op_bytes(call.op, phase, feats, _WIDTH[self.samples]))
         b_r = float(opspec.op_bytes(call.op, phase, feats, _WIDTH[self.precision]))
         f = float(call.flops)
-        return seconds * (f / pr + b_r / w) / (f / ps + b_s / w)
+        t0 = min(max(fixed_cost(self.profile, call.op, phase), 0.0), seconds)
+        return t0 + (seconds - t0) * (f / pr + b_r / w) / (f / ps + b_s / w)
 
     def capped(self, call, seconds: float) -> Tuple[float, str]:
         """(seconds, why it was raised, or "") under the achievable-rate floor."""
@@ -134,6 +139,15 @@ class OperatorLimits:
                 f"achievable rates ({ps:g} -> {pr:g} TFLOP/s, bytes x{_WIDTH[self.precision] // _WIDTH[self.samples]}"
                 + ("; matmuls in IEEE fp32: NeoX leaves torch.backends.cuda.matmul.allow_tf32 at PyTorch's "
                    "default, off" if self.precision == "fp32" else "") + ")")
+
+
+def fixed_cost(profile, op: str, phase: str) -> float:
+    """Seconds of a profile's model of (op, phase) that do not depend on the work: its
+    baseline's constant (0 where the model has none, e.g. a stand-in or a derived phase)."""
+    operators = (getattr(profile, "manifest", None) or {}).get("operators") or {}
+    entry = (operators.get(op) or {}).get(phase) or {}
+    coef = (entry.get("baseline") or {}).get("coef")
+    return float(coef[0]) if coef else 0.0
 
 
 def limits(profile, precision: str) -> Optional[OperatorLimits]:
@@ -169,7 +183,7 @@ def limits(profile, precision: str) -> Optional[OperatorLimits]:
                                f"train in {samples}, or calibrate a profile on this GPU in {run}")
         if have is not None and want is not None and (wider or have.tflops != want.tflops):
             rescale = (have.tflops, want.tflops)
-    return OperatorLimits(gpu, run, samples, cap, what, rescale)
+    return OperatorLimits(gpu, run, samples, cap, what, rescale, profile)
 
 
 def mfu_peak_tflops(profile, precision: str) -> Optional[float]:

@@ -228,6 +228,9 @@ class _FlatProfile:
     """A stand-in cluster profile: every operator call 10 us, every collective 20 us."""
 
     name = "flat-test"
+    # timed on the run's own machine in the run's element type (as a CPU calibration is): no
+    # precision to convert, no GPU row to cap at
+    manifest = {"calibration": {"dtype": "fp32", "device": "cpu"}}
 
     class facts:
         gpus_per_node = 8

@@ -89,6 +89,13 @@ def test_fp32_from_fp16_samples_and_a_cpu_calibration():
     cpu = SimpleNamespace(facts=SimpleNamespace(gpu_name="Intel Xeon (CPU)"),
                           manifest={"calibration": {"dtype": "fp32", "device": "cpu"}}, path="cpu")
     assert achievable.limits(cpu, "fp32") is None
+    # the model's fixed cost (launch and framework overhead) is the same in either element type
+    launched = SimpleNamespace(gpu=gpus.gpu("H100-SXM5-80GB"), path="l",
+                               manifest={"operators": {"linear3": {"fwd": {"baseline": {"coef": [2e-5, 1e-15, 0.0]}}}}})
+    with_t0 = achievable.limits(launched, "fp32")
+    ratio = limits.rescaled(gemm, 1.0)
+    assert with_t0.rescaled(gemm, 1e-3) == pytest.approx(2e-5 + (1e-3 - 2e-5) * ratio)
+    assert with_t0.rescaled(gemm, 1e-5) == pytest.approx(1e-5)  # all of it fixed cost
     # a level-corrected copy (calibrate --from-run) predicts its run's fp32 calls already
     corrected = SimpleNamespace(gpu=gpus.gpu("H100-SXM5-80GB"), path="c",
                                 manifest={"provenance": {"recalibrated": {"dtype": "fp32"}}})
