@@ -19,6 +19,7 @@ from hook_helpers import HERE, base_env, cli, free_port, run  # noqa: E402
 from workload_specs import VOCAB, write_config  # noqa: E402
 
 from neox_perf.profile.manifest import Manifest  # noqa: E402
+from neox_perf.profile.sections import Calibration  # noqa: E402
 from neox_perf.profile.values import Coverage  # noqa: E402
 
 ITERS = 12
@@ -232,7 +233,9 @@ class _FlatProfile:
 
     name = "flat-test"
     collective_dtype = "fp16"
-    manifest = Manifest("flat-test")  # no engine or step terms
+    # timed on the run's own machine in the run's element type (as a CPU calibration is): no
+    # precision to convert, no GPU row to cap at
+    manifest = Manifest("flat-test", calibration=Calibration(dtype="fp32", device="cpu"))
 
     class facts:
         gpus_per_node = 8
