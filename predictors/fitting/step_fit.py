@@ -22,7 +22,7 @@ from neox_perf.estimate import estimate
 from neox_perf.operators import decompose, stage_shapes
 from neox_perf.step_terms import FITTED, StepTerms
 
-from . import achievable
+from .. import achievable
 
 # Physical bounds: no gap is negative, and no scale is below 1. An operator is at its best in a
 # warmed-up isolated benchmark: nothing in a real step makes a kernel faster. A dev set whose

@@ -232,6 +232,8 @@ class _FlatProfile:
     """A stand-in cluster profile: every operator call 10 us, every collective 20 us."""
 
     name = "flat-test"
+    path = "flat-test"
+    base = None
     collective_dtype = "fp16"
     # timed on the run's own machine in the run's element type (as a CPU calibration is): no
     # precision to convert, no GPU row to cap at

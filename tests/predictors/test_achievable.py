@@ -8,13 +8,24 @@ import pytest
 
 from neox_perf import opspec
 from neox_perf.operators import OpCall
-from neox_perf.predictors import achievable, cleaning, gpus
+from neox_perf.predictors import achievable, gpus
+from neox_perf.predictors.fitting import cleaning
 from neox_perf.predictors.errors import ProfileError
-from neox_perf.predictors.facts import ClusterFacts, Link
+from neox_perf.profile.facts import ClusterFacts, Link
 from neox_perf.predictors.profile import load_profile
-from neox_perf.predictors.samples import load_cluster
+from neox_perf.predictors.fitting.samples import load_cluster
 
 import predictors_synthetic as syn
+from neox_perf.profile.manifest import Manifest
+from neox_perf.profile.models import Baseline, ModelEntry
+from neox_perf.profile.sections import Calibration, Provenance
+
+
+def _stand_in(gpu, path="p", **manifest):
+    """A profile of the GPU-table row `gpu` (or a device name) with these manifest sections."""
+    name = gpus.gpu(gpu).name if gpus.find_gpu(gpu) else gpu
+    return SimpleNamespace(facts=SimpleNamespace(gpu_name=f"NVIDIA {name}", peak_fp16_tflops=None),
+                           manifest=Manifest("p", **manifest), path=path)
 
 
 def test_every_rate_is_sourced_and_below_its_data_sheet():
@@ -59,7 +70,7 @@ def test_a_description_is_capped_at_its_gpus_achievable_rate():
 
 
 def test_a_gpu_without_a_measured_rate_is_capped_at_its_data_sheet():
-    desc = SimpleNamespace(gpu=gpus.gpu("L40S"), manifest={}, path="l40s.yml")
+    desc = _stand_in("L40S", "l40s.yml")
     limits = achievable.limits(desc, "bf16")
     call = _call()
     seconds, why = limits.capped(call, call.flops / 400e12)
@@ -68,7 +79,7 @@ def test_a_gpu_without_a_measured_rate_is_capped_at_its_data_sheet():
 
 @pytest.mark.parametrize("gpu", ["MI300X", "MI250X-GCD", "L40S"])
 def test_fp32_is_refused_in_one_line_where_no_fp32_rate_is_known(gpu):
-    desc = SimpleNamespace(gpu=gpus.gpu(gpu), manifest={}, path=f"{gpu}.yml")
+    desc = _stand_in(gpu, f"{gpu}.yml")
     with pytest.raises(ProfileError) as err:
         achievable.limits(desc, "fp32")
     line = err.value.line()
@@ -76,7 +87,7 @@ def test_fp32_is_refused_in_one_line_where_no_fp32_rate_is_known(gpu):
 
 
 def test_fp32_from_fp16_samples_and_a_cpu_calibration():
-    h100 = SimpleNamespace(gpu=gpus.gpu("H100-SXM5-80GB"), manifest={}, path="h.yml")
+    h100 = _stand_in("H100-SXM5-80GB", "h.yml")
     limits = achievable.limits(h100, "fp32")
     assert limits.rescale_tflops == (794.5, 51.88) and limits.cap_tflops == 51.88
     assert "IEEE fp32" in limits.note() and "allow_tf32" in limits.note()
@@ -86,22 +97,21 @@ def test_fp32_from_fp16_samples_and_a_cpu_calibration():
     # a norm: its FLOPs on the vector units (67 TFLOP/s) in both precisions, its bytes doubled
     f, b, w = norm.flops, norm.bytes, 3350e9
     assert limits.rescaled(norm, 1.0) == pytest.approx((f / 67e12 + 2 * b / w) / (f / 67e12 + b / w))
-    cpu = SimpleNamespace(facts=SimpleNamespace(gpu_name="Intel Xeon (CPU)"),
-                          manifest={"calibration": {"dtype": "fp32", "device": "cpu"}}, path="cpu")
+    cpu = SimpleNamespace(facts=SimpleNamespace(gpu_name="Intel Xeon (CPU)"), path="cpu",
+                          manifest=Manifest("cpu", calibration=Calibration(dtype="fp32", device="cpu")))
     assert achievable.limits(cpu, "fp32") is None
     # the model's fixed cost (launch and framework overhead) is the same in either element type
-    launched = SimpleNamespace(gpu=gpus.gpu("H100-SXM5-80GB"), path="l",
-                               manifest={"operators": {"linear3": {"fwd": {"baseline": {"coef": [2e-5, 1e-15, 0.0]}}}}})
+    launched = _stand_in("H100-SXM5-80GB", "l", operators={"linear3": {"fwd": ModelEntry(
+        baseline=Baseline(("t0", "flops", "bytes"), (2e-5, 1e-15, 0.0)))}})
     with_t0 = achievable.limits(launched, "fp32")
     ratio = limits.rescaled(gemm, 1.0)
     assert with_t0.rescaled(gemm, 1e-3) == pytest.approx(2e-5 + (1e-3 - 2e-5) * ratio)
     assert with_t0.rescaled(gemm, 1e-5) == pytest.approx(1e-5)  # all of it fixed cost
     # a level-corrected copy (calibrate --from-run) predicts its run's fp32 calls already
-    corrected = SimpleNamespace(gpu=gpus.gpu("H100-SXM5-80GB"), path="c",
-                                manifest={"provenance": {"recalibrated": {"dtype": "fp32"}}})
+    corrected = _stand_in("H100-SXM5-80GB", "c", provenance=Provenance(recalibrated={"dtype": "fp32"}))
     assert achievable.limits(corrected, "fp32").rescale_tflops is None
     # bf16 from fp16 samples rescales only where the two rates differ
-    assert achievable.limits(SimpleNamespace(gpu=gpus.gpu("MI300X"), manifest={}), "bf16").rescale_tflops == (654.0, 708.0)
+    assert achievable.limits(_stand_in("MI300X"), "bf16").rescale_tflops == (654.0, 708.0)
     assert achievable.limits(h100, "bf16").rescale_tflops is None
 
 
