@@ -40,8 +40,11 @@ def run_check(args) -> CheckResult:
     result.warnings = list(result.warnings) + list(derived.warnings)
     verdicts += checks.stage_verdicts(cfg, [s.transformer_layers for s in derived.stages])
     if facts:
-        verdicts += checks.memory_verdicts([s.memory.total for s in derived.stages],
-                                           facts.gpu_memory_bytes, facts.gpu_name)
+        # what the GPU will show (allocated peak + allocator reserve, CUDA context, NCCL)
+        # against what CUDA lets a process allocate: derive/memory.py, derive/device_memory.py
+        from ..derive.device_memory import usable
+        verdicts += checks.memory_verdicts([s.memory.device_total for s in derived.stages],
+                                           usable(facts.gpu_memory_bytes), facts.gpu_name)
     if profile is not None and not any(v.level == "error" for v in verdicts):
         from ..predict import predict
         prediction = predict(cfg, derived, profile)

@@ -188,7 +188,7 @@ def validate_neox_one(configs, gpus: int, cluster: str, iters: int, src: str,
         measured_median_seconds=float(measured.get("median") or measured["min"]),
         iterations=int(measured.get("used") or 0), warmup=WARMUP,
         components=_component_rows(pred, meas), stages=[],
-        notes=list(dict.fromkeys(notes)))
+        notes=list(dict.fromkeys(notes)), memory=list(rep.get("memory") or []))
 
 
 def _rank0_summary(run_dir: Path) -> Dict:

@@ -47,7 +47,8 @@ class DerivedModel:
 
 
 def derive(config: NeoxConfig, raw_vocab: int, gpu_memory_bytes: Optional[int] = None,
-           options: Optional[DeriveOptions] = None) -> DerivedModel:
+           options: Optional[DeriveOptions] = None, device: str = "cuda") -> DerivedModel:
+    """`device` "cpu" derives the memory of a CPU run (validation on this machine)."""
     model, parallel, training = config.model, config.parallel, config.training
     opts = options if options is not None else DeriveOptions.from_values(config.values)
     mp = max(parallel.model_parallel_size, 1)
@@ -70,7 +71,7 @@ def derive(config: NeoxConfig, raw_vocab: int, gpu_memory_bytes: Optional[int] =
         mem = stage_memory(stage=s, num_stages=num_stages, layers=chunk, model=model,
                            parallel=parallel, training=training, padded_vocab=vocab,
                            stage_params=counts[s].per_rank, largest_layer_params=largest,
-                           gpu_memory_bytes=gpu_memory_bytes, opts=opts)
+                           gpu_memory_bytes=gpu_memory_bytes, opts=opts, device=device)
         stages.append(Stage(
             index=s, start=parts[s], stop=parts[s + 1],
             layer_names=tuple(l.name for l in chunk),

@@ -43,6 +43,7 @@ class DeriveOptions:
     te_layernorm_mlp: bool = False
     te_mha: bool = False
     use_mup: bool = False
+    rope_fusion: bool = False  # fused rotary kernel: no TorchScript rotate_half halves kept
 
     @classmethod
     def from_values(cls, values: Optional[Mapping[str, Any]]) -> "DeriveOptions":
@@ -101,6 +102,7 @@ class DeriveOptions:
             te_layernorm_mlp=bool(get("te_layernorm_mlp", False)),
             te_mha=bool(get("te_mha", False)) or bool(get("te_fp8_mha", False)),
             use_mup=bool(get("use_mup", False)),
+            rope_fusion=bool(get("rope_fusion", False)),
         )
 
 
