@@ -95,6 +95,38 @@ def rows_of(run_dir: Path):
     return stage_rows(summaries, derived), notes
 
 
+FACTS = ("world_size", "local_world_size", "device_type", "dtype", "stage", "stages", "parts",
+         "layer_names", "dp", "mp")
+
+
+def write_fixture(path: str, work: Path, names) -> None:
+    """Per run: the config the hook recorded (keys whose value is not NeoX's default), the
+    engine's facts, and per stage the measured peak and what was live at it."""
+    from neox_perf.config.neox_keys import KEYS
+    from neox_perf.runs import files as runfiles
+    from neox_perf.runs.memory import live_of
+    out = []
+    for name in names:
+        summaries = runfiles.read_rank_summaries(str(work / "runs" / name))
+        ref = summaries[0]
+        record = dict(ref["config"])
+        record["values"] = {k: v for k, v in record["values"].items()
+                            if k not in KEYS or KEYS[k][1] != v}
+        stages = {}
+        for s in summaries:
+            live = live_of(s)
+            stage = int(s["facts"].get("stage") or 0)
+            if live is not None and stage not in stages:
+                stages[stage] = {"peak_bytes": live["peak_bytes"], "at_peak": live["at_peak"],
+                                 "moment": live["peak_moment"]}
+        out.append({"name": name, "config": {k: record.get(k) for k in ("source", "values", "vocab",
+                                                                        "vocab_padded", "files")},
+                    "facts": {k: ref["facts"].get(k) for k in FACTS},
+                    "stages": {str(k): v for k, v in sorted(stages.items())}})
+    with open(path, "w") as fh:
+        json.dump({"written_by": "benchmarks/memory_table.py --fixture", "runs": out}, fh, indent=0)
+
+
 def _mb(x):
     return f"{x / 2 ** 20:10.3f}"
 
@@ -135,6 +167,9 @@ def main(argv=None) -> int:
     ap.add_argument("--work", help="keep the runs here (default: a temporary directory)")
     ap.add_argument("--from", dest="from_dir", help="re-predict the runs kept in DIR/runs")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--fixture", metavar="PATH",
+                    help="also write what each run measured, with the config it ran, as the "
+                         "offline test's fixture (tests/derive/memory_measured.json)")
     args = ap.parse_args(argv)
     layouts = _layouts()
     names = args.names or list(layouts) + [f"workload:{c}" for c in WORKLOAD_CONFIGS]
@@ -157,6 +192,8 @@ def main(argv=None) -> int:
                 raise RuntimeError(f"{name}: no live-bytes measurement in {run_dir}")
             results.append((run_dir.name, rows))
             print(f"{name}: done ({len(rows)} stages)", file=sys.stderr, flush=True)
+    if args.fixture:
+        write_fixture(args.fixture, Path(args.from_dir or work), [n for n, _ in results])
     if args.json:
         print(json.dumps({"runs": [{"name": n, "stages": rows} for n, rows in results]}, indent=1))
         return 0

@@ -91,7 +91,7 @@ _WRAPPER_WORDS = ((("grad", "ipg"), Component.GRADIENTS),
 # reduction the PipelineEngine calls after backward
 _REDUCTION_METHODS = ("process_gradients", "reduce_ready_partitions_and_remove_grads",
                       "reduce_gradients")
-_ENGINE_BUFFERS = ("pipe_recv_buf", "grad_layer", "pipe_buffers", "first_output_send",
+_ENGINE_BUFFERS = ("pipe_recv_buf", "grad_layer", "_grad_layer_buf", "first_output_send",
                    "meta_buffer")
 
 
@@ -383,6 +383,7 @@ class LiveMemory:
         for name in _ENGINE_BUFFERS:
             for t in _tensors(engine.__dict__.get(name)):
                 tr.mark(t, Component.BUFFERS)
+        self._register_pipe_slots(engine.__dict__.get("pipe_buffers"))
         wrapper = getattr(engine, "optimizer", None)
         if wrapper is not None and type(wrapper).__module__.startswith("deepspeed"):
             for attr, value in vars(wrapper).items():
@@ -407,7 +408,11 @@ class LiveMemory:
             tr.mark(p, Component.WEIGHTS)
             if p.grad is not None:
                 tr.mark(p.grad, Component.GRADIENTS)
-        for name, p in engine.module.named_parameters():
+        named = list(engine.module.named_parameters())
+        if not self.vocab_local:  # no config: the word embedding's rows are V/tp
+            self.vocab_local = next((int(p.shape[0]) for n, p in named
+                                     if n.endswith("word_embeddings.weight") and p.dim() == 2), None)
+        for name, p in named:
             # the output head: NeoX's final_linear (untied) or its word embedding (tied), both
             # [V/tp, h] (a shape alone is ambiguous: with tp > 1, V/tp can equal h)
             if self.vocab_local and name.endswith(_HEAD_WEIGHTS) and p.dim() == 2 \
@@ -415,6 +420,26 @@ class LiveMemory:
                 self.head_ranges.append((p.data_ptr(), p.data_ptr() + p.numel() * p.element_size()))
                 self.head_shapes.add(tuple(p.shape))
         self._module_params = module_params
+
+    def _register_pipe_slots(self, slots) -> None:
+        """The PipelineEngine's per-micro-batch slots, as made: a received input is a buffer
+        (a loaded batch on the first stage: other), labels are data, the last stage's outputs
+        are logits, other stages' outputs activations. A received input whose micro-batch's
+        graph is still held (by the logits in a slot) keeps its gradient: a backward temporary."""
+        if not isinstance(slots, dict):
+            return
+        engine, tr = self.engine, self.tracker
+        first = bool(getattr(engine, "is_first_stage", lambda: True)())
+        last = bool(getattr(engine, "is_last_stage", lambda: True)())
+        kinds = {"inputs": Component.OTHER if first else Component.BUFFERS,
+                 "labels": Component.OTHER,
+                 "outputs": Component.LOGITS if last else Component.ACTIVATIONS,
+                 "output_tensors": Component.ACTIVATIONS}
+        for key, component in kinds.items():
+            for t in _tensors(slots.get(key)):
+                tr.mark(t, component)
+                if key == "inputs" and t.grad is not None:
+                    tr.mark(t.grad, Component.TEMPORARIES)
 
     # -- hooks: gradients as they are accumulated, recompute as it runs ---------------------
     def _install_hooks(self) -> None:

@@ -92,7 +92,6 @@ class Session:
         self.writer = SampleWriter(self.settings.run_dir, f, self.settings.job, self.settings.inject)
         from .memory import MemoryProbe
         self.memory = MemoryProbe(f["device_type"])
-        self.memory.baseline(engine)
         if self.settings.windows.enabled:
             from .profiling import Windowed
             self.windowed = Windowed(self.settings.windows, f["device_type"], self._window)
@@ -236,9 +235,10 @@ class Session:
     def _start_live_memory(self) -> None:
         from neox_perf.calibration.live_memory import LiveMemory
         self.live_memory = LiveMemory(self.engine, vocab_local=self.ctx.dims.vocab)
-        if self.ctx.dims.vocab is None:
-            self.note("memory: no model config, so logits are not told apart from activations")
         self.live_memory.start()
+        if not self.live_memory.vocab_local:
+            self.note("memory: no vocabulary known (no config, no word_embeddings weight), so "
+                      "logits are not told apart from activations")
 
     def _stop_live_memory(self) -> bool:
         """Ends the tracked iteration's measurement; True if this iteration was tracked."""

@@ -299,19 +299,17 @@ class _Walk:
         self.released += nbytes
 
     def weight_grad(self, where: str, elements: float) -> None:
-        """A linear's weight gradient: a temporary added into param.grad by the next step
-        (accumulating micro-batches) or param.grad itself (the first)."""
+        """A linear's weight gradient: a temporary until AccumulateGrad runs (`settle`)."""
         nbytes = self.param_bytes * elements
-        if self.accumulate:
-            self.make(where, nbytes)
-            self.pending_wgrad += nbytes
-        else:
-            self.grads += nbytes
-            self._mark(where)
+        self.make(where, nbytes)
+        self.pending_wgrad += nbytes
 
     def settle(self) -> None:
-        """AccumulateGrad ran: the pending weight-gradient temporaries are gone."""
+        """AccumulateGrad ran: accumulating micro-batches add the pending weight gradients into
+        param.grad and free them; the first micro-batch's become param.grad."""
         self.temp -= self.pending_wgrad
+        if not self.accumulate:
+            self.grads += self.pending_wgrad
         self.pending_wgrad = 0.0
 
 
@@ -346,6 +344,23 @@ def norm_backward(w: "_Walk", ctx: ActivationContext, where: str, grad_in: float
         w.free(H4)
 
 
+def _output_linear_backward(w: "_Walk", name: str, drop: float, mask: float, copy: float,
+                            weight_elements: float, input_bytes: float) -> None:
+    """A row-parallel output linear after NeoX's bias-dropout-add (linear2, attention dense),
+    from the gradient of the block's output: the dropout's gradient (g * mask, in g's layout),
+    a contiguous copy when g is transposed, the weight and input gradients; then the linear's
+    input (the activation output, the contiguous context: `input_bytes`) is released."""
+    w.make(f"{name} dropout backward", drop)
+    w.release(mask)
+    w.make(f"{name} backward", copy)
+    w.free(drop if copy else 0.0)
+    w.weight_grad(f"{name} backward", weight_elements)
+    w.make(f"{name} backward", input_bytes)
+    w.free(copy or drop)
+    w.release(input_bytes)
+    w.settle()
+
+
 def transformer_backward(ctx: ActivationContext, layer, accumulate: bool,
                          incoming: float, transposed: bool = False) -> BackwardPeak:
     """ParallelTransformerLayer's backward (the non-GPT-J residual path), from the gradient of
@@ -366,16 +381,7 @@ def transformer_backward(ctx: ActivationContext, layer, accumulate: bool,
     drop = H if ctx.opts.hidden_dropout > 0 else 0.0
     mask = ctx.mask_bytes * m.hidden_size * tok / ctx.seq_div if drop else 0.0
     w = _Walk(accumulate, incoming, ctx.param_bytes)
-    # dropout after the bias add: its gradient (g * mask), in the layout of g
-    w.make("MLP dropout backward", drop)
-    w.release(mask)
-    w.make("MLP linear2 backward", copy)
-    w.free(drop if copy else 0.0)
-    w.weight_grad("MLP linear2 backward", h * inp / t)
-    w.make("MLP linear2 backward", g)
-    w.free(copy or drop)
-    w.release(g)  # linear2's input
-    w.settle()
+    _output_linear_backward(w, "MLP linear2", drop, mask, copy, h * inp / t, g)
     mlp = sum(b for _, b in mlp_saved(ctx))
     if m.is_gated:
         # act(gate) * x: d(x) and d(act); then act's own backward (swish: its sigmoid
@@ -402,15 +408,7 @@ def transformer_backward(ctx: ActivationContext, layer, accumulate: bool,
     w.release(H)  # the attention output + residual (the norm's input)
     w.make("residual gradient sum", H)
     w.free(H + incoming)
-    w.make("attention dropout backward", drop)
-    w.release(mask)
-    w.make("attention dense backward", copy)
-    w.free(drop if copy else 0.0)
-    w.weight_grad("attention dense backward", h * h / t)
-    w.make("attention dense backward", Hl)
-    w.free(copy or drop)
-    w.release(ctx.local)  # the contiguous context
-    w.settle()
+    _output_linear_backward(w, "attention dense", drop, mask, copy, h * h / t, Hl)
     attention = sum(b for _, b in attention_saved(ctx, layer)) - ctx.local
     if layer.attention_type == "flash":
         # flash-attn's backward: dq, dk, dv, its fp32 dq accumulator and softmax row sums

@@ -266,9 +266,12 @@ class _Stage:
         out += 2 * self.gas * 8 * self.training.micro_batch_size * (s + 1)
         if self.pipelined:
             if self.first:
-                out += self.slots * (16 * tok + s * s)  # token and position ids, the mask
+                # the engine's clones of the token and position ids and of the mask
+                out += self.slots * (16 * tok + s * s)
             if self.last:
-                out += self.slots * 12 * tok  # labels (int64), loss mask (fp32)
+                # NeoX's batch for the slot: token ids, labels (int64), loss mask (fp32), and
+                # the position ids' [s] storage when they are not cloned above (measured)
+                out += self.slots * (20 * tok + (0 if self.first else 8 * s))
         else:
             out += 20 * tok  # NeoX's get_batch: labels (int64), loss mask (fp32), tokens
         return out
@@ -346,6 +349,10 @@ class _Stage:
         if L.reduce_in_backward and not step:
             mo.add("buffers", L.reduce_buffer)
         mo.add("other", self.other())
+        if self.pipelined and self.first and not step:
+            # the raw micro-batches this iteration has loaded so far, beside the last one's
+            loaded = self.in_flight + (1 if accumulate else 0)
+            mo.add("other", loaded * 8 * self.training.micro_batch_size * (self.model.seq_length + 1))
         if self.last and self.pipelined:
             mo.add("logits", self.slots * logits_bytes(self.ctx, self.vocab))
         return mo

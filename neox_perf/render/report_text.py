@@ -153,3 +153,8 @@ def _render_memory(rows, console) -> None:
                  f"reserved {_bytes(cuda.get('max_reserved'))}" if cuda else "")
         console.print(f"[dim]stage {r['stage']} (rank {r['rank']}): measured during "
                       f"{r['moment'] or '-'}; predicted peak: {r['predicted_moment']}{extra}[/dim]")
+    t = rows[0].get("tracker") or {}
+    if t.get("slowdown"):
+        console.print(f"[dim]the live-bytes window (iteration {t['iteration']}, every operator "
+                      f"through Python) took {t['slowdown']:.1f}x the median iteration; it is left "
+                      f"out of the timings[/dim]")

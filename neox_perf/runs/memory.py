@@ -67,17 +67,3 @@ def stage_rows(summaries: List[dict], derived) -> List[Dict[str, Any]]:
                         "setup_seconds": live.get("tracker_seconds")},
         })
     return rows
-
-
-def summary_line(rows: List[Dict[str, Any]]) -> Optional[str]:
-    if not rows:
-        return None
-    worst = max(rows, key=lambda r: abs(r["error"] or 0))
-    comp = max(((r["stage"], c) for r in rows for c in r["components"] if c["error"] is not None),
-               key=lambda rc: abs(rc[1]["error"]), default=None)
-    line = (f"memory: peak live bytes per stage predicted within {100 * abs(worst['error']):.2f}% "
-            f"(stage {worst['stage']})")
-    if comp is not None:
-        line += (f", every component within {100 * abs(comp[1]['error']):.1f}% "
-                 f"(stage {comp[0]} {comp[1]['component']})")
-    return line
