@@ -3,7 +3,8 @@
 Every NeoX harness layout (neox_perf.testing.neox_cpu.LAYOUTS: pp 0/1/2, mp 2, ZeRO-1,
 activation checkpointing, rotary/learned, tied/untied, several micro-batches), a few more that
 exercise other code paths (RMSNorm, GQA, SwiGLU, dropout, partial rotary, long sequences, a
-checkpointed untied pipeline, ZeRO-1 under the pipeline engine), and the reference workload
+checkpointed untied pipeline, ZeRO-1 under the pipeline engine, bf16 with DeepSpeed's
+BF16_Optimizer and FP16_Optimizer), and the reference workload
 (calibration/workload) on the validation configs, each launched for real under the hook
 (`neox-perf run`, profiling windows off): each rank's peak of live tensor bytes and what was
 live at it (calibration/live_memory.py) against `check`'s StageMemory for the same config, rebuilt
@@ -33,7 +34,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 STAGE_TARGET, COMPONENT_TARGET = 0.03, 0.05
 
-# More NeoX layouts: code paths the harness layouts do not take (all fp32 on CPU).
+# More NeoX layouts: code paths the harness layouts do not take (fp32 unless they say).
+_BF16 = {"precision": "bfloat16", "bf16": {"enabled": True}}
 EXTRA = {
     "rms-gqa-swiglu": dict(pp=1, pos_emb="rotary", extra={"norm": "rmsnorm", "num_kv_heads": 2,
                                                           "activation": "swiglu"}),
@@ -42,6 +44,9 @@ EXTRA = {
     "pp2-untied-ckpt": dict(pp=2, gas=3, checkpoint=True, pos_emb="learned", tied=False),
     "long-sequence": dict(pp=1, seq=1024, hidden=128, micro=1, gas=2, pos_emb="rotary"),
     "pp1-zero1": dict(pp=1, zero_stage=1, pos_emb="learned", tied=True),
+    # bf16 runs on a CPU too: DeepSpeed's BF16_Optimizer (pipeline) and its bf16 FP16_Optimizer
+    "pp1-bf16": dict(pp=1, pos_emb="rotary", extra=_BF16),
+    "pp0-bf16": dict(pp=0, pos_emb="learned", tied=True, extra=_BF16),
 }
 WORKLOAD_CONFIGS = ("pp1-dp2-layernorm.yml", "pp2-untied-layernorm.yml", "pp0-mp2-layernorm.yml")
 WORKLOAD_VOCAB = 16000
@@ -135,8 +140,17 @@ def _pct(x):
     return "       -" if x is None else f"{100 * x:+7.2f}%"
 
 
+# The reference workload makes its own synthetic batches: its data generator keeps tensors
+# NeoX's loader does not (0.03-0.1 MB of "other" the NeoX prediction does not model).
+WORKLOAD_OWN = ("other",)
+
+
 def print_table(results) -> dict:
-    worst_stage, worst_comp = (0.0, ""), (0.0, "")
+    worst = {"stage": (0.0, ""), "component": (0.0, ""), "workload own": (0.0, "")}
+
+    def keep(key, err, where):
+        if err is not None and abs(err) > worst[key][0]:
+            worst[key] = (abs(err), where)
     for name, rows in results:
         for r in rows:
             print(f"\n{name}  stage {r['stage']} (rank {r['rank']}): peak predicted "
@@ -148,16 +162,21 @@ def print_table(results) -> dict:
                     continue
                 print(f"    {c['component']:17s} {_mb(c['predicted']):>14s} {_mb(c['measured']):>14s} "
                       f"{_pct(c['error'])}")
-                if c["error"] is not None and abs(c["error"]) > worst_comp[0]:
-                    worst_comp = (abs(c["error"]), f"{name} stage {r['stage']} {c['component']}")
-            if abs(r["error"]) > worst_stage[0]:
-                worst_stage = (abs(r["error"]), f"{name} stage {r['stage']}")
+                own = name.startswith("workload") and c["component"] in WORKLOAD_OWN
+                keep("workload own" if own else "component", c["error"],
+                     f"{name} stage {r['stage']} {c['component']}")
+            keep("stage", r["error"], f"{name} stage {r['stage']}")
     n = sum(len(rows) for _, rows in results)
-    print(f"\n{n} stages of {len(results)} runs: largest stage error {100 * worst_stage[0]:.2f}% "
-          f"({worst_stage[1]}; target {100 * STAGE_TARGET:.0f}%), largest component error "
-          f"{100 * worst_comp[0]:.2f}% ({worst_comp[1]}; target {100 * COMPONENT_TARGET:.0f}%)")
-    return {"stages": n, "largest_stage_error": worst_stage[0], "largest_stage": worst_stage[1],
-            "largest_component_error": worst_comp[0], "largest_component": worst_comp[1]}
+    print(f"\n{n} stages of {len(results)} runs: largest stage error {100 * worst['stage'][0]:.2f}% "
+          f"({worst['stage'][1]}; target {100 * STAGE_TARGET:.0f}%), largest component error "
+          f"{100 * worst['component'][0]:.2f}% ({worst['component'][1]}; target "
+          f"{100 * COMPONENT_TARGET:.0f}%)")
+    if worst["workload own"][1]:
+        print(f"not counted: the reference workload's own data tensors, largest "
+              f"{100 * worst['workload own'][0]:.1f}% ({worst['workload own'][1]})")
+    return {"stages": n, "largest_stage_error": worst["stage"][0], "largest_stage": worst["stage"][1],
+            "largest_component_error": worst["component"][0],
+            "largest_component": worst["component"][1]}
 
 
 def main(argv=None) -> int:

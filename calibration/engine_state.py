@@ -14,3 +14,8 @@ def base_optimizer(engine):
             and type(opt).__module__.startswith("deepspeed"):
         opt = opt.optimizer  # FP16_Optimizer & co keep the fp32 master optimizer inside
     return opt
+
+
+def module_of(engine):
+    """The model a DeepSpeed engine wraps (a stand-in engine may be the model itself)."""
+    return getattr(engine, "module", None) or engine

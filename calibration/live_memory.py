@@ -41,6 +41,8 @@ from torch.utils._pytree import tree_flatten, tree_map_only
 
 from neox_perf.derive.memory import COMPONENTS
 
+from .engine_state import base_optimizer, module_of
+
 TRACE_ENV = "NEOX_PERF_MEMORY_TRACE"
 LARGEST = 40  # groups of tensors listed in the result
 SOURCE = "live tensor bytes (torch.distributed._tools.mem_tracker.MemTracker, dispatch mode)"
@@ -390,9 +392,9 @@ class LiveMemory:
                 component = _wrapper_component(attr)
                 for t in _tensors(value):
                     tr.mark(t, component)
-        from .engine_state import base_optimizer
         opt = base_optimizer(engine)
-        module_params = list(engine.module.parameters())
+        module = module_of(engine)
+        module_params = list(module.parameters())
         own = {id(p) for p in module_params}
         if opt is not None:
             for group in getattr(opt, "param_groups", []):
@@ -408,7 +410,7 @@ class LiveMemory:
             tr.mark(p, Component.WEIGHTS)
             if p.grad is not None:
                 tr.mark(p.grad, Component.GRADIENTS)
-        named = list(engine.module.named_parameters())
+        named = list(module.named_parameters())
         if not self.vocab_local:  # no config: the word embedding's rows are V/tp
             self.vocab_local = next((int(p.shape[0]) for n, p in named
                                      if n.endswith("word_embeddings.weight") and p.dim() == 2), None)
@@ -509,7 +511,7 @@ def _engine_device(engine):
     except Exception:
         dev = None
     if dev is None:
-        p = next(engine.module.parameters(), None)
+        p = next(module_of(engine).parameters(), None)
         dev = p.device if p is not None else torch.device("cpu")
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())

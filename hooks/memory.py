@@ -46,7 +46,8 @@ def state_bytes(engine) -> Dict[str, int]:
     """Bytes of the rank's persistent training state, per component, from its tensors."""
     from .engine_facts import base_optimizer
     seen: set = set()
-    params = [p for p in engine.module.parameters()]
+    from neox_perf.calibration.engine_state import module_of
+    params = [p for p in module_of(engine).parameters()]
     out = {"weights": _storage_bytes(params, seen),
            "gradients": _storage_bytes((p.grad for p in params), seen)}
     opt = base_optimizer(engine)

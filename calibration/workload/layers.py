@@ -218,8 +218,10 @@ class ParallelSelfAttention(nn.Module):
         return ctx.view(b, np_, sq, hn)
 
     def _flash(self, q, k, v):
-        # NeoX's flash-attn path; SDPA with is_causal picks flash/efficient kernels on GPU.
-        q, k, v = (t.permute(1, 2, 0, 3) for t in (q, k, v))  # [b, heads, s, hn]
+        # NeoX's flash-attn path: q, k, v go in as transpose(0, 1).reshape copies, [b, s, heads,
+        # hn] (the kernel keeps them for backward); SDPA with is_causal picks flash/efficient
+        # kernels on GPU (and a flash kernel on CPU), on [b, heads, s, hn] views of them.
+        q, k, v = (t.transpose(0, 1).contiguous().transpose(1, 2) for t in (q, k, v))
         p = self.wc.attention_dropout if self.training else 0.0
         return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True,
                                               enable_gqa=self.gqa)

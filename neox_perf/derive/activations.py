@@ -168,9 +168,13 @@ def attention_saved(ctx: ActivationContext, layer) -> List[Saved]:
     gqa = m.num_kv_heads != m.num_attention_heads
     if layer.attention_type == "flash":
         # flash-attn keeps its inputs (transpose(0, 1).reshape copies of q, k, v), its output
-        # and the fp32 log-sum-exp; the rotary outputs are not kept
+        # and the fp32 log-sum-exp; the rotary outputs are not kept, but the TorchScript
+        # rotary keeps its own inputs: q and k (views of the QKV output with MHA)
         items += [("flash q, k, v", q_bytes + 2 * kv_bytes), ("flash output", q_bytes),
                   ("flash logsumexp fp32", 4 * ctx.micro_batch * heads * m.seq_length)]
+        if jit and rot > 0:
+            items.append(("q, k (TorchScript rotary inputs)",
+                          q_bytes + kv_bytes if gqa else q_bytes + 2 * kv_bytes))
     else:
         if gqa:
             # gqa_project: contiguous q, k, v, then k and v repeated to every query head; the

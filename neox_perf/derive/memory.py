@@ -261,6 +261,7 @@ class _Stage:
             # RotaryEmbedding: emb (fp32) and cos/sin in the parameter dtype, per block
             rot = int(m.head_dim * m.rotary_pct)
             out += len(self.blocks) * m.seq_length * rot * (4 + 2 * self.ctx.param_bytes)
+        out += self.pipe_module_copy()
         # the iteration's raw micro-batches [b, s + 1] (int64): the dataset's and the
         # broadcast copy of each (mpu.broadcast_data)
         out += 2 * self.gas * 8 * self.training.micro_batch_size * (s + 1)
@@ -275,6 +276,35 @@ class _Stage:
         else:
             out += 20 * tok  # NeoX's get_batch: labels (int64), loss mask (fp32), tokens
         return out
+
+    def no_decay_params(self) -> float:
+        """Parameters NeoX puts in its no-weight-decay group (get_params_for_weight_decay_
+        optimization): every norm's and every bias, per rank."""
+        m, tp = self.model, self.tp
+        out, inp = mlp_widths(m)
+        norm = m.hidden_size * (2 if m.norm == "layernorm" else 1)
+        per_block = 2 * norm
+        if m.use_bias_in_attn_linear:
+            per_block += (m.num_attention_heads + 2 * m.num_kv_heads) * m.head_dim / tp + m.hidden_size
+        if m.use_bias_in_mlp:
+            per_block += out / tp + m.hidden_size
+        return len(self.blocks) * per_block + (norm if self.last else 0)
+
+    def pipe_module_copy(self) -> float:
+        """pp = 0 with tied embeddings: NeoX's to_sequential builds new modules from the specs,
+        and the original GPT2ModelPipe stays alive -- the tied head's _logits_helper closes over
+        it -- with its own copy of every weight, built on the device unless
+        use_cpu_initialization (measured on CPU)."""
+        if self.pipelined or self.model.no_weight_tying:
+            return 0.0
+        if self.device == "cuda" and self.opts.use_cpu_initialization:
+            return 0.0
+        m, pb = self.model, self.ctx.param_bytes
+        # the copy was never cast: torch's LayerNorm and position Embedding are built in fp32,
+        # NeoX's own parallel layers in params_dtype
+        norms = (2 * len(self.blocks) + 1) * m.hidden_size * (2 if m.norm == "layernorm" else 1)
+        positions = m.max_position_embeddings * m.hidden_size if m.pos_emb == "learned" else 0
+        return self.stage_params * pb + (4 - pb) * (norms + positions)
 
     # -- for the device terms -----------------------------------------------------------------
     def largest_transient(self) -> float:
@@ -330,7 +360,7 @@ class _Stage:
             out.append(self._top_block(per_mb, kept, chunks, in_flight, accumulate))
             if self.last:
                 out.append(self._head_forward(per_mb, in_flight, accumulate))
-                out.append(self._head_backward(per_mb, in_flight, accumulate))
+                out += self._head_backward(per_mb, in_flight, accumulate)
                 out.append(self._final_norm_backward(per_mb, in_flight, accumulate))
         out += self._step_moment()
         return out
@@ -421,25 +451,29 @@ class _Stage:
             mo.add("logits", -self.slots * logit)
         return mo
 
-    def _head_backward(self, per_mb, in_flight, accumulate) -> _Moment:
-        """The loss's and the head's backward on the last stage: every saved tensor alive, the
-        logits' gradient (cast back to the activation dtype when the loss ran in fp32), the
-        head's weight and input gradients."""
+    def _head_backward(self, per_mb, in_flight, accumulate) -> List[_Moment]:
+        """The loss's and the head's backward on the last stage, every saved tensor alive:
+        when the loss ran on an fp32 copy, casting its gradient back (the copy, its softmax
+        and the gradient, alive together); then the head's product backward (the logits'
+        gradient, the head's input gradient and its weight gradient -- a temporary until
+        AccumulateGrad, or the tied embedding's, waiting for the embedding's backward)."""
         ctx = self.ctx
-        mo = _Moment(f"backward of the head ({in_flight} in flight)")
-        acts = in_flight * per_mb - ctx.hidden
-        mo.add("activations", acts)
         copy = loss_copy_bytes(ctx, self.vocab)
         logit = logits_bytes(ctx, self.vocab)
-        mo.add("logits", copy + (logit if copy else 0.0))
-        if not self.pipelined:
-            mo.add("logits", logit)
         head = self.layers[-1]
         wgrad = self._word_embedding_grad() if head.tied_key else head.params * ctx.param_bytes
-        mo.add("temporaries", ctx.gathered + (wgrad if accumulate or head.tied_key else 0.0))
-        self._received(mo, in_flight)
-        made = 0.0 if (accumulate or head.tied_key) else wgrad
-        return self._common(mo, accumulate, made)
+        out = []
+        for where, logits, temps in (("the loss's cast back", copy + logit, 0.0),
+                                     ("the head", logit if copy else 0.0, ctx.gathered + wgrad)):
+            if where.startswith("the loss") and not copy:
+                continue
+            mo = _Moment(f"backward of {where} ({in_flight} in flight)")
+            mo.add("activations", in_flight * per_mb - ctx.hidden)
+            mo.add("logits", logits + (0.0 if self.pipelined else logit))
+            mo.add("temporaries", temps)
+            self._received(mo, in_flight)
+            out.append(self._common(mo, accumulate, 0.0))
+        return out
 
     def _final_norm_backward(self, per_mb, in_flight, accumulate) -> _Moment:
         """The final norm's backward on the last stage: the head's input gradient arrives, the
@@ -468,6 +502,10 @@ class _Stage:
         reduce.add("buffers", L.reduce_at_step)
         step = _Moment(f"{_STEP}")
         step.add("temporaries", L.step_transient * self.stage_params)
+        if L.wrapper == "FP16_Optimizer":
+            # its per-parameter fp32 copies exist for one parameter group at a time: the
+            # weight-decay group, without the norms and biases
+            step.add("temporaries", -4 * self.no_decay_params())
         out = []
         for mo in (reduce, step):
             self._common(mo, True, 0.0, step=True)

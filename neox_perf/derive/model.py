@@ -114,6 +114,10 @@ def _warnings(config: NeoxConfig, opts: DeriveOptions, layers, stages, pipelined
         if odd and "transformer" in method:
             out.append(f"{', '.join(sorted(odd))} do not match '{method[5:]}': they weigh 0 in the "
                        f"partition, so stages are balanced on the other specs only")
+    if not pipelined and not config.model.no_weight_tying and not opts.use_cpu_initialization:
+        out.append("pipe_parallel_size 0 with tied embeddings: NeoX's to_sequential leaves the "
+                   "original pipeline module alive (the tied head's closure), with a second copy "
+                   "of every weight on the GPU; memory counts it (pipe_parallel_size 1 avoids it)")
     if opts.soft_prompt_tuning:
         out.append("soft_prompt_tuning: NeoX's SoftEmbedding.__init__ calls initialize_embedding(wte) "
                    "on a method that takes no argument (TypeError at model build); not modelled")

@@ -44,6 +44,7 @@ class DeriveOptions:
     te_mha: bool = False
     use_mup: bool = False
     rope_fusion: bool = False  # fused rotary kernel: no TorchScript rotate_half halves kept
+    use_cpu_initialization: bool = False  # NeoX builds the parameters on the host first
 
     @classmethod
     def from_values(cls, values: Optional[Mapping[str, Any]]) -> "DeriveOptions":
@@ -103,6 +104,7 @@ class DeriveOptions:
             te_mha=bool(get("te_mha", False)) or bool(get("te_fp8_mha", False)),
             use_mup=bool(get("use_mup", False)),
             rope_fusion=bool(get("rope_fusion", False)),
+            use_cpu_initialization=bool(get("use_cpu_initialization", False)),
         )
 
 

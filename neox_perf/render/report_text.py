@@ -120,13 +120,19 @@ def _bytes(x) -> str:
     return f"{x / 2 ** 30:.2f}G" if abs(x) >= 2 ** 30 else f"{x / 2 ** 20:.1f}M"
 
 
-def memory_table(rows, title: str) -> Table:
+def print_memory(rows, title: str, console) -> None:
     """Components down, stages across: predicted / measured and the error (render of
-    runs/memory.stage_rows; validate's text uses it too)."""
+    runs/memory.stage_rows; validate's text uses it too). The title is its own line: the
+    table is narrow and would wrap it."""
+    console.print(Text(title, style="italic"))
+    console.print(memory_table(rows))
+
+
+def memory_table(rows) -> Table:
     names = [c["component"] for c in rows[0]["components"]
              if any(c2["component"] == c["component"] and (c2["predicted"] or c2["measured"])
                     for r in rows for c2 in r["components"])]
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+    table = Table(box=box.SIMPLE_HEAD)
     table.add_column("component")
     for r in rows:
         table.add_column(f"stage {r['stage']}", justify="right")
@@ -146,7 +152,7 @@ def _render_memory(rows, console) -> None:
     """Peak live tensor bytes per stage and what was live at it."""
     if not rows:
         return
-    console.print(memory_table(rows, "Memory per GPU at the peak (predicted / measured, error)"))
+    print_memory(rows, "Memory per GPU at the peak (predicted / measured, error)", console)
     for r in rows:
         cuda = r.get("cuda") or {}
         extra = (f"; the allocator's own peaks: allocated {_bytes(cuda.get('max_allocated'))}, "

@@ -5,7 +5,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .check_text import coverage_line
-from .report_text import memory_table
+from .report_text import print_memory
 
 
 def _err(v) -> str:
@@ -45,8 +45,8 @@ def render(result, console) -> None:
     for r in result.results:
         if getattr(r, "memory", None):
             name = ", ".join(c.rsplit("/", 1)[-1] for c in r.config)
-            console.print(memory_table(r.memory, f"{name}: memory per GPU at the peak "
-                                                 f"(predicted / measured, error)"))
+            print_memory(r.memory, f"{name}: memory per GPU at the peak (predicted / measured, "
+                                   f"error)", console)
     if result.mape is not None:
         console.print(f"mean absolute error {100 * result.mape:.1f}% over {len(result.results)} "
                       f"config(s); largest {100 * result.max_abs_error:.1f}%; mean signed "

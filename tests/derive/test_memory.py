@@ -33,7 +33,7 @@ def test_fp16_adam_no_zero_is_16_bytes_per_param():
     assert m.optimizer_wrapper == "FP16_Optimizer"
     assert (m.weights, m.gradients, m.master_weights, m.optimizer_states) == (2 * p, 2 * p, 4 * p, 8 * p)
     assert m.persistent == 16 * p
-    assert m.step_transient == 4 * p  # flat fp32 grads inside step()
+    assert m.step_transient == 8 * p  # fp32 copies of the grads, flattened, inside step()
 
 
 def test_fp32_no_master_copy():

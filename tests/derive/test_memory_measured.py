@@ -24,7 +24,7 @@ STAGE, COMPONENT = 0.03, 0.05
 EXACT = 0.001  # of the stage's peak, for every component
 # The reference workload makes its own synthetic batches: its data generator keeps tensors
 # NeoX's loader does not (a vocabulary-sized token distribution, a cached mask), 0.03-0.1 MB
-# of "other" the NeoX prediction does not model.
+# of "other" the NeoX prediction does not model (benchmarks/memory_table.WORKLOAD_OWN).
 WORKLOAD_OWN = {"other"}
 
 
