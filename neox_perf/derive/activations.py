@@ -8,7 +8,7 @@ block's norm keeps it), a view keeps its whole base alive (NeoX's v is a view of
 so the whole QKV output stays).
 
 Backward: a block's backward is the list of tensors it makes and frees in autograd's order
-(`_Walk`); the worst moment is where its temporaries, less the saved tensors it has already
+(`BackwardWalk`); the worst moment is where its temporaries, less the saved tensors it has already
 released, are largest. The order and the sizes were read from NeoX's operators and checked
 against the hook's operator trace of NeoX on CPU (NEOX_PERF_MEMORY_TRACE, calibration/live_memory.py):
 e.g. the MLP's linear2 backward holds the incoming gradient, a contiguous copy of it, the weight
@@ -278,7 +278,7 @@ class BackwardPeak:
     gradients: float  # weight gradients made as param.grad (first micro-batch) by then
 
 
-class _Walk:
+class BackwardWalk:
     """Autograd's allocations in order; remembers the largest (temporaries - released)."""
 
     def __init__(self, accumulate: bool, start: float, param_bytes: int):
@@ -317,7 +317,7 @@ class _Walk:
         self.pending_wgrad = 0.0
 
 
-def norm_backward(w: "_Walk", ctx: ActivationContext, where: str, grad_in: float) -> None:
+def norm_backward(w: "BackwardWalk", ctx: ActivationContext, where: str, grad_in: float) -> None:
     """A norm's backward inside a walk: from the gradient of its output (`grad_in` bytes,
     freed here) to the gradient of its input (made here, left alive).
 
@@ -348,7 +348,7 @@ def norm_backward(w: "_Walk", ctx: ActivationContext, where: str, grad_in: float
         w.free(H4)
 
 
-def _output_linear_backward(w: "_Walk", name: str, drop: float, mask: float, copy: float,
+def _output_linear_backward(w: "BackwardWalk", name: str, drop: float, mask: float, copy: float,
                             weight_elements: float, input_bytes: float) -> None:
     """A row-parallel output linear after NeoX's bias-dropout-add (linear2, attention dense),
     from the gradient of the block's output: the dropout's gradient (g * mask, in g's layout),
@@ -384,7 +384,7 @@ def transformer_backward(ctx: ActivationContext, layer, accumulate: bool,
     copy = H if transposed else 0.0
     drop = H if ctx.opts.hidden_dropout > 0 else 0.0
     mask = ctx.mask_bytes * m.hidden_size * tok / ctx.seq_div if drop else 0.0
-    w = _Walk(accumulate, incoming, ctx.param_bytes)
+    w = BackwardWalk(accumulate, incoming, ctx.param_bytes)
     _output_linear_backward(w, "MLP linear2", drop, mask, copy, h * inp / t, g)
     mlp = sum(b for _, b in mlp_saved(ctx))
     if m.is_gated:
@@ -476,6 +476,15 @@ def transformer_backward(ctx: ActivationContext, layer, accumulate: bool,
     norm_backward(w, ctx, "input norm backward", G)
     w.make("residual gradient sum", H)
     w.free(2 * H)
+    return w.best
+
+
+def final_norm_backward(ctx: ActivationContext, accumulate: bool) -> BackwardPeak:
+    """The final norm's backward on the last stage: the head's input gradient arrives, the
+    norm's own output (the head's input) is released first."""
+    w = BackwardWalk(accumulate, ctx.gathered, ctx.param_bytes)
+    w.release(ctx.gathered)
+    norm_backward(w, ctx, "final norm backward", ctx.gathered)
     return w.best
 
 

@@ -23,15 +23,14 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..config.specs import ModelSpec, ParallelSpec, TrainingSpec
-from .activations import (ActivationContext, BackwardPeak, _Walk, block_backward, block_saved,
-                          embedding_saved, final_norm_saved, logits_bytes, loss_copy_bytes,
-                          norm_backward, norm_saved, transformer_saved)
+from .activations import (ActivationContext, BackwardPeak, block_backward, block_saved,
+                          embedding_saved, final_norm_backward, final_norm_saved, logits_bytes,
+                          loss_copy_bytes)
 from .device_memory import device_terms, usable
 from .layers import checkpoint_chunks
+from .optimizer_memory import SIXTEEN_BIT, OptimizerLayout, optimizer_layout
 from .options import DEFAULT_OPTIONS, DeriveOptions
 from .params import mlp_widths
-from .optimizer_memory import (ALLREDUCE_BUCKET, SIXTEEN_BIT, OptimizerLayout,  # noqa: F401
-                               optimizer_layout, optimizer_state_bytes)
 
 # What is live at a stage's peak, by what each tensor is (the hook measures the same split:
 # calibration/live_memory.py). Training state: weights, gradients (param.grad and DeepSpeed's
@@ -480,10 +479,7 @@ class _Stage:
         norm's own output is released; every block's saved tensors are still there."""
         ctx = self.ctx
         mo = _Moment(f"backward of the final norm ({in_flight} in flight)")
-        w = _Walk(accumulate, ctx.gathered, ctx.param_bytes)
-        w.release(ctx.gathered)  # the norm's output (the head's input)
-        norm_backward(w, ctx, "final norm backward", ctx.gathered)
-        walk = w.best
+        walk = final_norm_backward(ctx, accumulate)
         mo.add("activations", in_flight * per_mb - ctx.hidden - walk.released)
         mo.add("temporaries", walk.temporaries)
         head = self.layers[-1]
@@ -516,12 +512,3 @@ class _Stage:
                 mo.add("temporaries", self.slots * self.ctx.hidden)
             out.append(mo)
         return out
-
-
-def norm_bytes_per_token(ctx: ActivationContext) -> float:
-    """What one norm keeps per token besides its input and output (tests, docs)."""
-    return sum(b for _, b in norm_saved(ctx, "norm")) / ctx.tokens
-
-
-__all__ = ["COMPONENTS", "COLUMNS", "StageMemory", "stage_memory", "OptimizerLayout",
-           "optimizer_layout", "optimizer_state_bytes", "ActivationContext", "transformer_saved"]
