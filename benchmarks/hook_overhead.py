@@ -119,8 +119,9 @@ def main() -> int:
     from neox_perf.hooks.settings import Settings, Windows
     engine = _engine(args.width, args.gas)
     with tempfile.TemporaryDirectory() as run_dir:
+        # no live-bytes window either: like a profiling window it is one perturbed iteration
         session = Session(Settings(run_dir=run_dir, windows=Windows.parse(NEVER),
-                                   report_at_exit=False))
+                                   report_at_exit=False, memory_iteration=None))
         session.attach(engine, (), {})
         engine_patch.unwrap_engine(engine)
         _iterations(engine, 5, args.width)  # warm-up

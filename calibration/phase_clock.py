@@ -13,15 +13,21 @@ class PhaseClock:
         self.now = time.perf_counter
         self.stack: List[List[float]] = []  # [start, child seconds]
         self.current: Dict[str, float] = {}
+        self.listener = None  # optional: .enter(name) / .leave_last() as phases start and end
 
     def wrap(self, name: str, fn):
         clock = self
 
         def timed(*args, **kwargs):
+            listener = clock.listener
+            if listener is not None:
+                listener.enter(name)
             clock.stack.append([clock.now(), 0.0])
             try:
                 return fn(*args, **kwargs)
             finally:
+                if listener is not None:
+                    listener.leave_last()
                 start, children = clock.stack.pop()
                 spent = clock.now() - start
                 clock.current[name] = clock.current.get(name, 0.0) + spent - children

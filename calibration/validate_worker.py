@@ -22,7 +22,55 @@ _PIPE_PHASES = {"ForwardPass": "forward", "BackwardPass": "backward", "SendActiv
                 "OptimizerStep": "optimizer", "LoadMicroBatch": "other"}
 
 
-def _instrument(clock: PhaseClock, iterations: List[dict], report: bool) -> None:
+class _Memory:
+    """The live-bytes measurement of one iteration (calibration/live_memory.py), as the hook takes it;
+    the phases are the clock's. Never raises into the workload."""
+
+    # the second iteration: past the first optimizer step (its state exists), and one of the
+    # warm-up iterations validate drops anyway, so the tracker's slowness times nothing
+    AT = 1
+
+    def __init__(self, clock: PhaseClock, out_path: str):
+        self.clock, self.path, self.at = clock, out_path, self.AT
+        self.live = None
+
+    def starting(self, engine, index: int) -> bool:
+        if index != self.at:
+            return False
+        try:
+            from neox_perf.calibration.live_memory import LiveMemory
+            self.live = LiveMemory(engine)
+            self.clock.listener = self.live
+            self.live.start()
+            self.engine = engine
+        except Exception as exc:  # the timing still stands
+            self.live = None
+            self._write({"error": f"{exc.__class__.__name__}: {exc}"})
+            return False
+        return True
+
+    def stopped(self, seconds: float) -> None:
+        live, self.live = self.live, None
+        self.clock.listener = None
+        try:
+            live.stop()
+            result = live.result()
+            result.update(iteration=self.at, iteration_seconds=seconds,
+                          stage=int(getattr(self.engine, "stage_id", 0) or 0),
+                          rank=int(os.environ.get("RANK", "0")))
+        except Exception as exc:
+            result = {"error": f"{exc.__class__.__name__}: {exc}"}
+        self._write(result)
+
+    def _write(self, result: dict) -> None:
+        try:
+            with open(self.path, "w") as fh:
+                json.dump(result, fh)
+        except OSError:
+            pass
+
+
+def _instrument(clock: PhaseClock, iterations: List[dict], report: bool, memory: "_Memory") -> None:
     from deepspeed.runtime.engine import DeepSpeedEngine
     from deepspeed.runtime.pipe import engine as pipe_engine
 
@@ -43,10 +91,15 @@ def _instrument(clock: PhaseClock, iterations: List[dict], report: bool) -> None
         def run(*args):
             if len(args) == 5:  # _iteration_sequential(engine, data, it, gas, loss_fn)
                 args = args[:4] + (clock.wrap("forward", args[4]),)
+            tracked = memory.starting(args[0], len(iterations))
             clock.current = {}
             start = clock.now()
             out = fn(*args)
-            iterations.append({**clock.current, "iteration": clock.now() - start})
+            seconds = clock.now() - start
+            if tracked:
+                memory.stopped(seconds)
+                clock.current["memory_tracked"] = 1.0
+            iterations.append({**clock.current, "iteration": seconds})
             if report:
                 print(progress_line(iteration=len(iterations)), flush=True)
             return out
@@ -65,7 +118,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
     rank = int(os.environ.get("RANK", "0"))
     clock, iterations = PhaseClock(), []
-    _instrument(clock, iterations, report=rank == 0)
+    memory = _Memory(clock, os.path.join(args.phases_dir, f"memory.{rank}.json"))
+    _instrument(clock, iterations, report=rank == 0, memory=memory)
     from .workload import train
     code = train.main(rest)
     with open(os.path.join(args.phases_dir, f"rank.{rank}.json"), "w") as fh:

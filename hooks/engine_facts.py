@@ -10,6 +10,8 @@ import os
 import platform
 from typing import Any, Dict, List
 
+from neox_perf.calibration.engine_state import base_optimizer  # noqa: F401 (re-exported)
+
 
 def _try(missing: List[str], what: str, fn, default=None):
     try:
@@ -25,19 +27,6 @@ def is_pipeline(engine) -> bool:
         return isinstance(engine, PipelineEngine)
     except Exception:
         return hasattr(engine, "train_batch") and hasattr(engine, "num_stages")
-
-
-def base_optimizer(engine):
-    """The torch optimizer that really steps (under ZeRO / fp16 wrappers)."""
-    opt = getattr(engine, "optimizer", None)
-    seen = 0
-    while opt is not None and seen < 4 and not hasattr(opt, "param_groups"):
-        opt = getattr(opt, "optimizer", None)
-        seen += 1
-    if opt is not None and hasattr(getattr(opt, "optimizer", None), "param_groups") \
-            and type(opt).__module__.startswith("deepspeed"):
-        opt = opt.optimizer  # FP16_Optimizer & co keep the fp32 master optimizer inside
-    return opt
 
 
 def _optimizer_params(engine) -> int:

@@ -1,14 +1,11 @@
-"""Memory a rank really used, next to what `check` predicts for its pipeline stage.
+"""The persistent training state a rank holds, per component, straight from the engine's tensors:
+weights, gradients, fp32 master weights and optimizer states (each storage counted once), and
+on CUDA the caching allocator's own peaks.
 
-Measured per rank:
-- the persistent state, per component, straight from the engine's tensors: weights,
-  gradients, fp32 master weights and optimizer states (each storage counted once);
-- the peak: on CUDA `torch.cuda.max_memory_allocated` (what the caching allocator handed
-  out, the number `check`'s total models); on CPU torch keeps no allocator statistics, so
-  the process's resident high-water mark (VmHWM) less what the process held besides tensors
-  when the hook attached (libraries, interpreter: RSS at attach minus the tensors then).
-
-`compare` lines these up with a derive.memory.StageMemory (or its dict) per component.
+The peak of live tensor bytes and what was live at it are the live-bytes window's
+(calibration/live_memory.py, taken by the session); this is the cheap, exact reading of the
+state that outlives iterations, taken when the hook attaches and at the end.
+`compare` lines it up with a derive.memory.StageMemory (or its dict) per component.
 torch is imported only inside the functions that read tensors.
 """
 from __future__ import annotations
@@ -16,32 +13,6 @@ from __future__ import annotations
 from typing import Any, Dict, Iterable, List, Optional
 
 COMPONENTS = ("weights", "gradients", "master_weights", "optimizer_states")
-
-
-def _proc_status_bytes(field: str) -> Optional[int]:
-    try:
-        with open("/proc/self/status", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024  # kB
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
-def resident_bytes() -> Optional[int]:
-    return _proc_status_bytes("VmRSS")
-
-
-def resident_peak_bytes() -> Optional[int]:
-    peak = _proc_status_bytes("VmHWM")
-    if peak is None:
-        try:
-            import resource
-            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: kB
-        except Exception:
-            return None
-    return peak
 
 
 def _storage_bytes(tensors: Iterable, seen: set) -> int:
@@ -75,7 +46,8 @@ def state_bytes(engine) -> Dict[str, int]:
     """Bytes of the rank's persistent training state, per component, from its tensors."""
     from .engine_facts import base_optimizer
     seen: set = set()
-    params = [p for p in engine.module.parameters()]
+    from neox_perf.calibration.engine_state import module_of
+    params = [p for p in module_of(engine).parameters()]
     out = {"weights": _storage_bytes(params, seen),
            "gradients": _storage_bytes((p.grad for p in params), seen)}
     opt = base_optimizer(engine)
@@ -91,21 +63,10 @@ def state_bytes(engine) -> Dict[str, int]:
 
 
 class MemoryProbe:
-    """Taken when the hook attaches (`baseline`), read at the end (`measure`)."""
+    """Read at the end (`measure`): the persistent state, and on CUDA the allocator's peaks."""
 
     def __init__(self, device_type: str):
         self.device_type = device_type
-        self.baseline_resident: Optional[int] = None
-        self.baseline_state: Optional[int] = None
-
-    def baseline(self, engine) -> None:
-        if self.device_type == "cuda":
-            return
-        self.baseline_resident = resident_bytes()
-        try:
-            self.baseline_state = sum(state_bytes(engine).values())
-        except Exception:
-            self.baseline_state = None
 
     def measure(self, engine) -> Dict[str, Any]:
         out: Dict[str, Any] = {"device_type": self.device_type}
@@ -119,17 +80,9 @@ class MemoryProbe:
             out["peak_bytes"] = int(torch.cuda.max_memory_allocated())
             out["reserved_peak_bytes"] = int(torch.cuda.max_memory_reserved())
             out["source"] = "torch.cuda.max_memory_allocated"
-            return out
-        peak = resident_peak_bytes()
-        out["resident_peak_bytes"] = peak
-        if peak is not None and self.baseline_resident is not None and self.baseline_state is not None:
-            # what the process held besides tensors at attach time is not training memory
-            out["peak_bytes"] = max(peak - (self.baseline_resident - self.baseline_state), 0)
-            out["source"] = "resident high-water mark (VmHWM) less the non-tensor resident " \
-                            "memory at attach"
         else:
             out["peak_bytes"] = None
-            out["source"] = "no resident-memory counters on this system"
+            out["source"] = "no allocator statistics on this device: the live-bytes window measures the peak"
         return out
 
 

@@ -10,8 +10,8 @@ torch sees no GPU.
 
 Optional records (environment, for the harness): NEOX_PERF_NEOX_LOSS_FILE gets one JSON
 line per iteration and rank with the exact loss (float.hex) and the train_step wall time;
-NEOX_PERF_NEOX_MEMORY_FILE one JSON line per rank with hooks.memory's measurement (state per
-component and the peak), taken after training.
+NEOX_PERF_NEOX_MEMORY_FILE one JSON line per rank with hooks.memory's measurement (the
+persistent state per component), taken after training.
 """
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ def _record_losses(training, path: str) -> None:
 
 
 def _record_memory(training, path: str):
-    """Baseline when NeoX has built its engine; returns the callable that writes the peak."""
+    """Keeps NeoX's engine when it is built; returns the callable that writes its state."""
     from neox_perf.hooks.memory import MemoryProbe
     original = training.setup_model_and_optimizer
     held = {}
@@ -100,7 +100,6 @@ def _record_memory(training, path: str):
         out = original(*args, **kwargs)
         engine = out[0]
         probe = MemoryProbe(getattr(getattr(engine, "device", None), "type", "cpu"))
-        probe.baseline(engine)
         held.update(engine=engine, probe=probe)
         return out
 

@@ -41,6 +41,9 @@ class Session:
         self.windowed = None
         self.writer: Optional[SampleWriter] = None
         self.memory = None  # MemoryProbe: per-component state and the peak, for the report
+        self.live_memory = None  # live_memory.LiveMemory while its iteration runs
+        self.live_result: Optional[Dict[str, Any]] = None  # what it measured
+        self._live_iteration: Optional[int] = None  # which iteration it tracks
         self.total = WindowResult()
         self.window_meta: List[dict] = []
         self.prediction: Optional[dict] = None
@@ -89,11 +92,11 @@ class Session:
         self.writer = SampleWriter(self.settings.run_dir, f, self.settings.job, self.settings.inject)
         from .memory import MemoryProbe
         self.memory = MemoryProbe(f["device_type"])
-        self.memory.baseline(engine)
         if self.settings.windows.enabled:
             from .profiling import Windowed
             self.windowed = Windowed(self.settings.windows, f["device_type"], self._window)
             self.windowed.notes = self.notes  # one list: the summary sees the profiler's notes
+        self._live_iteration = self._memory_iteration()
         if self.rank == 0:
             self._predict_at_start()
         engine_patch.wrap_engine(engine, self)
@@ -130,6 +133,17 @@ class Session:
             _say(f"predicted iteration time {seconds:.4g} s on {profile.name} "
                  f"(config: {self.config.get('source')})")
 
+    def _memory_iteration(self) -> Optional[int]:
+        """The first iteration from the setting's that no profiling window covers (the two
+        instruments would slow each other and the profiler would time the tracker)."""
+        at = self.settings.memory_iteration
+        if at is None:
+            return None
+        if self.windowed is not None:
+            while self.windowed.schedule.profiled(at):
+                at += 1
+        return at
+
     def note(self, text: str) -> None:
         if text not in self.notes:
             self.notes.append(text)
@@ -144,6 +158,8 @@ class Session:
 
     def begin_iteration(self) -> None:
         def go():
+            if self.clock.count == self._live_iteration and self.live_memory is None:
+                self._start_live_memory()
             self.clock.start()
             if self.windowed is not None and self.windowed.active:
                 from torch.autograd.profiler import record_function
@@ -158,15 +174,21 @@ class Session:
             if self._iter_rf is not None:
                 rf, self._iter_rf = self._iter_rf, None
                 rf.__exit__(None, None, None)
+            tracked = self._stop_live_memory()
             if not ok:
                 self._phase_seconds = {}
                 self.clock.abandon()
                 return
-            # The iteration after a window waits for every rank to map its events: perturbed too.
-            profiled = (self.windowed is not None and self.windowed.active) or self._after_window
+            # The iteration after a window waits for every rank to map its events: perturbed too,
+            # as is the one whose memory was tracked (every operator went through Python).
+            profiled = (self.windowed is not None and self.windowed.active) or self._after_window \
+                or tracked
             self._after_window = False
             phases, self._phase_seconds = self._phase_seconds, {}
-            self.clock.stop(profiled, phases if self._phase_clock and not profiled else None)
+            seconds = self.clock.stop(profiled, phases if self._phase_clock and not profiled else None)
+            if tracked and self.live_result is not None:
+                self.live_result["iteration"] = self.clock.count - 1
+                self.live_result["iteration_seconds"] = seconds
             if self.settings.inject == "iteration" and self.clock.count == 3:
                 raise InjectedFailure("injected failure after iteration 3 (PYTHON_NEOX_PERF_INJECT)")
             if self.windowed is not None:
@@ -186,6 +208,8 @@ class Session:
         return self.clock is not None and self.clock.running
 
     def enter(self, phase: str):
+        if self.live_memory is not None:
+            self.live_memory.enter(phase)
         if self.windowed is None or not self.windowed.active:
             # Outside windows a CPU rank's phases are timed by the wall clock: there a phase's
             # wall time is its work (a GPU's would be its launches, so it is not timed).
@@ -199,11 +223,32 @@ class Session:
         return self.guard(f"entering {phase}", go)
 
     def leave(self, rf) -> None:
+        if self.live_memory is not None:
+            self.live_memory.leave_last()
         if rf.__class__ is tuple:
             phase, t0 = rf
             self._phase_seconds[phase] = self._phase_seconds.get(phase, 0.0) + time.perf_counter() - t0
         elif rf is not None:
             self.guard("leaving a phase", rf.__exit__, None, None, None)
+
+    # ---- live tensor bytes, one iteration ---------------------------------------------------
+    def _start_live_memory(self) -> None:
+        from neox_perf.calibration.live_memory import LiveMemory
+        self.live_memory = LiveMemory(self.engine, vocab_local=self.ctx.dims.vocab)
+        self.live_memory.start()
+        if not self.live_memory.vocab_local:
+            self.note("memory: no vocabulary known (no config, no word_embeddings weight), so "
+                      "logits are not told apart from activations")
+
+    def _stop_live_memory(self) -> bool:
+        """Ends the tracked iteration's measurement; True if this iteration was tracked."""
+        live, self.live_memory = self.live_memory, None
+        if live is None:
+            return False
+        live.stop()
+        self.live_result = live.result()
+        live.write_trace(self.rank)
+        return True
 
     # ---- profiling windows -------------------------------------------------------------
     def _window(self, events, iterations) -> None:
@@ -272,9 +317,14 @@ class Session:
         if self.memory is None or self.engine is None:
             return None
         try:
-            return self.memory.measure(self.engine)
+            out = self.memory.measure(self.engine)
         except Exception as exc:  # a memory reading never costs the summary
-            return {"error": f"{exc.__class__.__name__}: {exc}"}
+            out = {"error": f"{exc.__class__.__name__}: {exc}"}
+        if self.live_result is not None:
+            out["live"] = self.live_result
+        elif self._live_iteration is not None:
+            out["live"] = {"pending_iteration": self._live_iteration}
+        return out
 
     # ---- stepping aside, finishing ---------------------------------------------------------
     def fail(self, where: str, exc: BaseException) -> None:
@@ -296,6 +346,10 @@ class Session:
             pass
 
     def _close_profiler(self) -> None:
+        try:
+            self._stop_live_memory()  # its dispatch mode must not outlive the session
+        except Exception:
+            pass
         w, self.windowed = self.windowed, None
         if self._iter_rf is not None:
             try:

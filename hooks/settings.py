@@ -24,9 +24,13 @@ CONFIG = PREFIX + "CONFIG"  # NeoX YAML files (os.pathsep-separated) when the sc
 VOCAB = PREFIX + "VOCAB"  # raw tokenizer vocabulary for CONFIG
 REPORT = PREFIX + "REPORT"  # "exit": rank 0 prints the report at exit; "none": the CLI prints it
 INJECT = PREFIX + "INJECT"  # test-only fault injection: initialize | iteration | sample_writer | summary
+MEMORY = PREFIX + "MEMORY"  # the iteration whose live tensor bytes are tracked (0-based), or "off"
 USER_CLUSTER = "NEOX_PERF_CLUSTER"  # the user's default profile (read where the hook runs)
 
-ALL = (RUN_DIR, CLUSTER, JOB, WINDOWS, CONFIG, VOCAB, REPORT, INJECT)
+ALL = (RUN_DIR, CLUSTER, JOB, WINDOWS, CONFIG, VOCAB, REPORT, INJECT, MEMORY)
+# the third iteration: the optimizer's state exists (made by the first step) and every
+# cache and pipeline buffer has been built, so this is the run's steady state
+MEMORY_ITERATION = 2
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,7 @@ class Settings:
     vocab: Optional[int] = None
     report_at_exit: bool = True
     inject: Optional[str] = None
+    memory_iteration: Optional[int] = MEMORY_ITERATION  # None: no live-bytes measurement
 
 
 def enabled(environ: Mapping[str, str] = os.environ) -> bool:
@@ -107,7 +112,24 @@ def read(environ: Mapping[str, str] = os.environ) -> Settings:
         vocab=int(vocab) if vocab else None,
         report_at_exit=environ.get(REPORT, "exit").strip().lower() != "none",
         inject=environ.get(INJECT) or None,
+        memory_iteration=parse_memory(environ.get(MEMORY)),
     )
+
+
+def parse_memory(text: Optional[str]) -> Optional[int]:
+    """PYTHON_NEOX_PERF_MEMORY: an iteration index (0-based), "off", or unset (the default)."""
+    if text is None or not text.strip():
+        return MEMORY_ITERATION
+    if text.strip().lower() in ("off", "no", "none"):
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 1:
+        raise ValueError(f"{MEMORY}: {text!r} is not an iteration index >= 1 (the first "
+                         f"iteration builds the optimizer state) or off")
+    return value
 
 
 def site_dir() -> str:

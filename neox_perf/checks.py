@@ -101,8 +101,10 @@ def stage_verdicts(cfg: NeoxConfig, transformer_layers: Sequence[int]) -> List[V
 def memory_verdicts(stage_bytes: Sequence[int], capacity: Optional[int], gpu: str,
                     fix: Optional[str] = None, key: str = "train_micro_batch_size_per_gpu",
                     quiet_when_fits: bool = False) -> List[Verdict]:
-    """Out of memory per stage; `fix`, `key`: what to change (advice.memory_fix follows the
-    dominant term). quiet_when_fits: no "fits" line (a config NeoX refuses never ends on OK)."""
+    """`stage_bytes`: each stage's predicted device total (what nvidia-smi will show);
+    `capacity`: what CUDA lets one process allocate on the GPU. `fix`, `key`: what to change
+    (advice.memory_fix follows the dominant term). quiet_when_fits: no "fits" line (a config
+    NeoX refuses never ends on OK)."""
     if not capacity:
         return []
     out = []
@@ -110,14 +112,17 @@ def memory_verdicts(stage_bytes: Sequence[int], capacity: Optional[int], gpu: st
         if used > capacity:
             out.append(Verdict(
                 "out_of_memory", "fail",
-                f"stage {i} needs {used / 2**30:.1f} GiB per GPU, the {gpu} has {capacity / 2**30:.0f} GiB",
+                f"stage {i} needs {used / 2**30:.1f} GiB per GPU, {(used - capacity) / 2**30:.1f} GiB "
+                f"more than the {capacity / 2**30:.1f} GiB the {gpu} lets a process use",
                 key=key,
                 fix=fix or "enable checkpoint_activations, lower the micro-batch, or add "
                            "pipeline/model parallelism"))
     if not out and not quiet_when_fits:
         worst = max(stage_bytes) if stage_bytes else 0
         out.append(Verdict("fits_in_memory", "ok",
-                           f"every stage fits: at most {worst / 2**30:.1f} of {capacity / 2**30:.0f} GiB"))
+                           f"every stage fits: at most {worst / 2**30:.1f} of {capacity / 2**30:.1f} GiB "
+                           f"usable ({(capacity - worst) / 2**30:.1f} GiB to spare, "
+                           f"{worst / capacity:.0%} used)"))
     return out
 
 

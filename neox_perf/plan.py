@@ -207,7 +207,7 @@ class SharedDerive:
                                model=model, parallel=parallel, training=training, padded_vocab=vocab,
                                stage_params=counts[s].per_rank, largest_layer_params=largest,
                                gpu_memory_bytes=self.gpu_memory_bytes, opts=opts)
-            if stop_above is not None and mem.total > stop_above:
+            if stop_above is not None and mem.device_total > stop_above:
                 return None
             memories[s] = mem
         stages = []
@@ -261,6 +261,10 @@ class Planner:
         self.profile = profile
         self.facts = profile.facts
         self.capacity = self.facts.gpu_memory_bytes
+        from .derive.device_memory import usable
+        # what a layout may use: what CUDA lets a process allocate, against the device total
+        # (allocated peak + allocator reserve, CUDA context, NCCL: derive/device_memory.py)
+        self.usable = usable(self.capacity)
         self.headroom = headroom
         self.raw_vocab = raw_vocab
         self.gpus_per_node = gpus_per_node
@@ -448,7 +452,7 @@ class Planner:
         return None
 
     def memory(self, derived) -> Optional[_Rejection]:
-        fraction = max(s.memory.total for s in derived.stages) / self.capacity
+        fraction = max(s.memory.device_total for s in derived.stages) / self.usable
         if fraction > self.headroom:
             return _Rejection("out_of_memory", memory_fraction=fraction)
         return None
@@ -488,12 +492,12 @@ class Planner:
         peak = mfu_peak(self.profile, self.facts, pred.decomposition)
         flops = derived.flops.model_per_iteration
         mfu = flops / it / p.world_size / 1e12 / peak if peak and flops else None
-        worst = max(s.memory.total for s in derived.stages)
+        worst = max(s.memory.device_total for s in derived.stages)
         return Candidate(
             layout=layout_of(cfg), iteration_seconds=it,
             interval_seconds=tuple(est.interval_seconds) if est.interval_seconds else None,
             tokens_per_second=t.train_batch_size * m.seq_length / it, mfu=mfu,
-            max_memory_fraction=worst / self.capacity, fits=worst <= self.headroom * self.capacity,
+            max_memory_fraction=worst / self.usable, fits=worst <= self.headroom * self.usable,
             dominant=dominant(est), seconds_per_batch=per_batch, run_seconds=run,
             gpu_hours=None if run is None else run * p.world_size / 3600.0,
             batch_difference=t.train_batch_size - batch, breakdown=dict(est.breakdown)), est
@@ -551,7 +555,7 @@ class Planner:
                         duplicates += 1
                         continue
                 if rej is None:
-                    derived = self.shared(cfg, stop_above=self.headroom * self.capacity)
+                    derived = self.shared(cfg, stop_above=self.headroom * self.usable)
                     if derived is None:
                         rej = _Rejection("out_of_memory")
                         if world not in admitted_worlds:  # for the "no layout" line, if it comes
@@ -580,7 +584,7 @@ class Planner:
             self.rank_baseline(b, candidates)
         for world, cfgs in pending.items():
             # Nothing fits on these GPUs: name the layout that comes closest.
-            fractions = [(max(s.memory.total for s in self.shared(c).stages) / self.capacity, c)
+            fractions = [(max(s.memory.device_total for s in self.shared(c).stages) / self.usable, c)
                          for c in cfgs]
             fraction, cfg = min(fractions, key=lambda fc: fc[0])
             per_gpus_rejected[world]["out_of_memory"] = _Rejection(
@@ -783,8 +787,8 @@ class Planner:
                              f"{_list([d for d in divisors(g) if d <= m.num_attention_heads])} only")
             elif code == "out_of_memory":
                 ex = examples[code]
-                parts.append(f"{n} layouts need more than {self.headroom:.0%} of "
-                             f"{self.capacity / 2**30:.0f} GiB (least: {ex.memory_fraction:.0%} at "
+                parts.append(f"{n} layouts need more than {self.headroom:.0%} of the "
+                             f"{self.usable / 2**30:.1f} GiB usable (least: {ex.memory_fraction:.0%} at "
                              f"{ex.detail})")
             else:
                 parts.append(f"{n} layouts: {REASONS.get(code, (code,))[0]}"

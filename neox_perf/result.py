@@ -131,6 +131,7 @@ def _facts(facts, name):
 
 
 def _stage(s) -> dict:
+    from .derive.memory import columns
     return {
         "index": s.index,
         "layers": [s.start, s.stop],
@@ -141,6 +142,11 @@ def _stage(s) -> dict:
         "memory_bytes": s.memory.total,
         "memory": _plain(s.memory),
         "capacity_bytes": s.memory.capacity,
+        # what the GPU will show: the allocated peak plus the terms above it, by name
+        "device_memory_bytes": s.memory.device_total,
+        "device_memory_terms": dict(s.memory.device_terms),
+        "usable_capacity_bytes": s.memory.usable_capacity,
+        "memory_columns": columns(s.memory),
     }
 
 

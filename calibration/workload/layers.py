@@ -7,6 +7,7 @@ with True = masked.
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -118,19 +119,36 @@ def _rotate_half(x):
     return torch.cat((-x2, x1), dim=x1.ndim - 1)
 
 
+def _rope(q, k, cos, sin):
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+# NeoX applies rotary through TorchScript (apply_rotary_pos_emb) except in bf16
+# (apply_rotary_pos_emb_torch); the scripted graph keeps other tensors for backward (the
+# -x2 halves), so memory follows the choice too.
+with warnings.catch_warnings():  # torch >= 2.10 deprecates TorchScript; NeoX still uses it
+    warnings.simplefilter("ignore", DeprecationWarning)
+    _rope_scripted = torch.jit.script(_rope)
+
+
 class Rotary(nn.Module):
+    """NeoX's RotaryEmbedding: cos/sin of [s, 1, 1, dim] precomputed on the host at build time
+    as plain attributes (not buffers: moving the model leaves them there), copied to the
+    query's device at every forward."""
+
     def __init__(self, dim: int, seq_len: int, base: int):
         super().__init__()
         inv = 1.0 / (base ** (torch.arange(0, dim, 2).float() / dim))
         emb = torch.einsum("i,j->ij", torch.arange(seq_len).float(), inv)
-        emb = torch.cat((emb, emb), dim=-1)[:, None, None, :]  # [s, 1, 1, dim]
-        self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
+        self.emb = torch.cat((emb, emb), dim=-1)[:, None, None, :]  # [s, 1, 1, dim], fp32
+        self.cos_cached, self.sin_cached = self.emb.cos(), self.emb.sin()
 
     def forward(self, q, k):
         s = q.shape[0]
-        cos, sin = self.cos[:s].to(q.dtype), self.sin[:s].to(q.dtype)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        cos = self.cos_cached[:s].to(device=q.device, dtype=q.dtype)
+        sin = self.sin_cached[:s].to(device=q.device, dtype=q.dtype)
+        apply = _rope if q.dtype == torch.bfloat16 else _rope_scripted
+        return apply(q, k, cos, sin)
 
 
 class ParallelSelfAttention(nn.Module):
@@ -200,8 +218,10 @@ class ParallelSelfAttention(nn.Module):
         return ctx.view(b, np_, sq, hn)
 
     def _flash(self, q, k, v):
-        # NeoX's flash-attn path; SDPA with is_causal picks flash/efficient kernels on GPU.
-        q, k, v = (t.permute(1, 2, 0, 3) for t in (q, k, v))  # [b, heads, s, hn]
+        # NeoX's flash-attn path: q, k, v go in as transpose(0, 1).reshape copies, [b, s, heads,
+        # hn] (the kernel keeps them for backward); SDPA with is_causal picks flash/efficient
+        # kernels on GPU (and a flash kernel on CPU), on [b, heads, s, hn] views of them.
+        q, k, v = (t.transpose(0, 1).contiguous().transpose(1, 2) for t in (q, k, v))
         p = self.wc.attention_dropout if self.training else 0.0
         return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True,
                                               enable_gqa=self.gqa)

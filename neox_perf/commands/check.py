@@ -45,10 +45,13 @@ def run_check(args) -> CheckResult:
     refused = any(v.level == "error" for v in verdicts)
     verdicts += advice.tensor_parallel_verdicts(cfg)  # its share of the step comes with a prediction
     if facts:
-        worst = max(derived.stages, key=lambda s: s.memory.total)
+        # what the GPU will show (allocated peak + allocator reserve, CUDA context, NCCL)
+        # against what CUDA lets a process allocate: derive/memory.py, derive/device_memory.py
+        from ..derive.device_memory import usable
+        worst = max(derived.stages, key=lambda s: s.memory.device_total)
         key, fix = advice.memory_fix(cfg, worst.memory)
-        verdicts += checks.memory_verdicts([s.memory.total for s in derived.stages],
-                                           facts.gpu_memory_bytes, facts.gpu_name, fix=fix,
+        verdicts += checks.memory_verdicts([s.memory.device_total for s in derived.stages],
+                                           usable(facts.gpu_memory_bytes), facts.gpu_name, fix=fix,
                                            key=key, quiet_when_fits=refused)
     out_of_memory = any(v.code == "out_of_memory" for v in verdicts)
     gpn = args.gpus_per_node

@@ -26,8 +26,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--vocab-size", type=int,
                         help="raw tokenizer vocabulary, when the tokenizer file is not readable here")
     parser.add_argument("--memory-headroom", type=_fraction, default=0.9, metavar="FRACTION",
-                        help="share of GPU memory a layout may plan to use (default 0.9: the "
-                             "memory model leaves out the CUDA context, NCCL and fragmentation)")
+                        help="share of the GPU's usable memory a layout's predicted device total "
+                             "(allocator reserve, CUDA context and NCCL included) may use "
+                             "(default 0.9: a margin for what the prediction cannot know)")
     parser.add_argument("--global-batch", type=int, metavar="SAMPLES",
                         help="global batch to keep (default: the config's train_batch_size, else "
                              "its micro x accumulation x dp at the first --gpus)")

@@ -65,6 +65,8 @@ class ConfigValidation:
     # per operator/phase: sampled, interpolated or extrapolated (and how far), see result.coverage_rows
     coverage: List[Dict[str, object]] = field(default_factory=list)
     extrapolated_share: float = 0.0  # of the predicted iteration, outside the sampled ranges
+    # per stage: peak live bytes predicted vs measured, per component (runs/memory.stage_rows)
+    memory: List[Dict[str, object]] = field(default_factory=list)
 
     @property
     def error(self) -> float:
@@ -77,7 +79,8 @@ class ConfigValidation:
                 "measured_median_seconds": self.measured_median_seconds,
                 "error": self.error, "iterations": self.iterations, "warmup": self.warmup,
                 "components": self.components, "stages": self.stages, "notes": self.notes,
-                "interval_seconds": self.interval_seconds, "coverage": self.coverage}
+                "interval_seconds": self.interval_seconds, "coverage": self.coverage,
+                "memory": self.memory}
 
 
 @dataclass
@@ -248,7 +251,8 @@ def run_workload(configs: Sequence[str], nproc: int, iters: int, vocab: int, wor
     workdir = Path(workdir).resolve()  # the ranks run in it: their paths must not be relative
     out, phases_dir = workdir / "result.json", workdir / "phases"
     phases_dir.mkdir(parents=True, exist_ok=True)
-    for stale in [out, *phases_dir.glob("rank.*.json")]:  # a previous validation's, same workdir
+    for stale in [out, *phases_dir.glob("rank.*.json"), *phases_dir.glob("memory.*.json")]:
+        # a previous validation's, same workdir
         stale.unlink(missing_ok=True)
 
     def on_line(line: str) -> None:
@@ -269,6 +273,8 @@ def run_workload(configs: Sequence[str], nproc: int, iters: int, vocab: int, wor
     result = json.loads(out.read_text())
     result["phases"] = {int(p.stem.split(".")[-1]): json.loads(p.read_text())
                         for p in phases_dir.glob("rank.*.json")}
+    result["memory"] = {int(p.stem.split(".")[-1]): json.loads(p.read_text())
+                        for p in phases_dir.glob("memory.*.json")}
     return result
 
 
@@ -303,6 +309,7 @@ def validate_one(configs: Sequence[str], gpus: int, profile, iters: int,
               for s, (p, m) in enumerate(zip(pred_stages, meas_stages))]
     notes = list(pred.decomposition.notes) + list(run.get("notes", []))
     notes += [f"{f.what}: {f.reason}" for f in pred.estimate.flags]
+    memory = measured_memory(pred, run.get("memory") or {}, device_type, notes)
     if own:
         import shutil
         shutil.rmtree(work, ignore_errors=True)
@@ -314,7 +321,28 @@ def validate_one(configs: Sequence[str], gpus: int, profile, iters: int,
         warmup=WARMUP_ITERATIONS, components=_component_rows(pred_stages, meas_stages),
         stages=stages, notes=list(dict.fromkeys(notes)),
         interval_seconds=list(pred.estimate.interval_seconds) if pred.estimate.interval_seconds else None,
-        coverage=coverage_rows(pred.estimate), extrapolated_share=pred.estimate.extrapolated_share)
+        coverage=coverage_rows(pred.estimate), extrapolated_share=pred.estimate.extrapolated_share,
+        memory=memory)
+
+
+def measured_memory(pred: Predicted, per_rank: Dict[int, dict], device_type: str,
+                    notes: List[str]) -> List[dict]:
+    """Peak live bytes per stage, predicted for what the workload ran (its precision, this
+    device) against each rank's live-bytes window (validate_worker)."""
+    import dataclasses
+
+    from ..derive import derive
+    from ..runs.memory import stage_rows
+    errors = [m["error"] for m in per_rank.values() if m.get("error")]
+    if errors:
+        notes.append(f"memory not measured: {errors[0]}")
+    summaries = [{"rank": r, "facts": {"stage": m.get("stage", 0)}, "memory": {"live": m}}
+                 for r, m in per_rank.items() if not m.get("error")]
+    if not summaries:
+        return []
+    cfg = dataclasses.replace(pred.cfg, training=dataclasses.replace(
+        pred.cfg.training, precision=pred.precision))
+    return stage_rows(summaries, derive(cfg, pred.vocab, device="cpu" if device_type == "cpu" else "cuda"))
 
 
 def check_inputs(args) -> None:

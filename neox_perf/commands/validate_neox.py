@@ -112,29 +112,15 @@ def _component_rows(pred: dict, meas: dict) -> List[dict]:
     return rows
 
 
-def _memory_notes(run, record_cfg) -> List[str]:
-    """One line per stage: measured memory against check's per-stage prediction."""
-    if not run.memory or record_cfg is None:
-        return []
-    from ..hooks.memory import compare
-    cfg, derived = record_cfg
-    notes = []
-    seen = set()
-    for mem in run.memory:
-        stage = int(mem.get("stage") or 0)
-        if stage in seen or stage >= len(derived.stages):
-            continue
-        seen.add(stage)
-        rows = {r["component"]: r for r in compare(mem, derived.stages[stage].memory)}
-
-        def mb(v):
-            return "-" if v is None else f"{v / 2**20:.1f} MB"
-        p, pk = rows["persistent"], rows["peak"]
-        notes.append(f"memory stage {stage} (rank {mem.get('rank')}): persistent state "
-                     f"measured {mb(p['measured'])} vs predicted {mb(p['predicted'])}; peak "
-                     f"measured {mb(pk['measured'])} ({mem.get('source')}) vs predicted "
-                     f"{mb(pk['predicted'])}")
-    return notes
+def _memory_notes(rows: List[dict]) -> List[str]:
+    """One line per stage: the peak of live tensor bytes (the hook's window) against check's
+    prediction for the stage (the table per component prints beside the timings)."""
+    out = []
+    for r in rows:
+        out.append(f"memory stage {r['stage']} (rank {r['rank']}): peak live bytes predicted "
+                   f"{r['predicted'] / 2**20:.1f} MiB, measured {r['measured'] / 2**20:.1f} MiB "
+                   f"({100 * r['error']:+.2f}%)")
+    return out
 
 
 def validate_neox_one(configs, gpus: int, cluster: str, iters: int, src: str,
@@ -167,18 +153,16 @@ def validate_neox_one(configs, gpus: int, cluster: str, iters: int, src: str,
         if c.get("fraction") is not None:
             notes.append(f"rank {c['rank']} (stage {c['stage']}): {100 * c['fraction']:.1f}% of "
                          f"forward+backward time mapped to the decomposition's operators")
-    rec_cfg = None
     try:
         summaries = _rank0_summary(run_dir)
         cfg, derived, _ = prediction.rebuild(summaries["config"], summaries["facts"])
-        if cfg is not None:
-            rec_cfg = (cfg, derived)
-            if run.logged_params is not None and derived.params.neox_logged != run.logged_params:
-                notes.append(f"parameters: NeoX logged {run.logged_params:,}, the prediction's "
-                             f"model has {derived.params.neox_logged:,}")
-    except Exception as exc:  # the table still stands without the memory lines
-        notes.append(f"config not rebuilt for the memory comparison ({exc.__class__.__name__})")
-    notes += _memory_notes(run, rec_cfg)
+        if cfg is not None and run.logged_params is not None \
+                and derived.params.neox_logged != run.logged_params:
+            notes.append(f"parameters: NeoX logged {run.logged_params:,}, the prediction's "
+                         f"model has {derived.params.neox_logged:,}")
+    except Exception as exc:  # the table still stands without the parameter check
+        notes.append(f"config not rebuilt for the parameter check ({exc.__class__.__name__})")
+    notes += _memory_notes(rep.get("memory") or [])
     notes += [n for n in rep.get("notes", []) if "ran on CPU; profile" not in n]
     return ConfigValidation(
         config=[str(c) for c in configs],
@@ -188,7 +172,7 @@ def validate_neox_one(configs, gpus: int, cluster: str, iters: int, src: str,
         measured_median_seconds=float(measured.get("median") or measured["min"]),
         iterations=int(measured.get("used") or 0), warmup=WARMUP,
         components=_component_rows(pred, meas), stages=[],
-        notes=list(dict.fromkeys(notes)))
+        notes=list(dict.fromkeys(notes)), memory=list(rep.get("memory") or []))
 
 
 def _rank0_summary(run_dir: Path) -> Dict:

@@ -3,7 +3,8 @@ memory per GPU and FLOPs. Pure Python (no torch, deepspeed or numpy) so `check` 
 from .errors import DeriveError, PartitionError
 from .flops import FlopsEstimate, flops, neox_flops_per_iteration
 from .layers import PipeLayer, build_layers, checkpoint_chunks, recomputed_layers
-from .memory import StageMemory, optimizer_layout, optimizer_state_bytes, stage_memory
+from .memory import StageMemory, stage_memory
+from .optimizer_memory import optimizer_layout, optimizer_state_bytes
 from .model import DerivedModel, Stage, Tokens, derive
 from .options import DEFAULT_OPTIONS, DeriveOptions
 from .params import Count, ParamTotals, StageParams, mlp_widths, param_totals, stage_params

@@ -1,318 +1,51 @@
-"""GPU bytes per pipeline stage: model states (DeepSpeed 0.19.8's optimizer wrappers) + activations.
+"""GPU bytes per pipeline stage: what is live at the stage's peak, by component, and what the
+device holds above it.
 
-Model states follow what DeepSpeed really allocates, chosen like engine._do_optimizer_sanity_check:
-  * fp32, no ZeRO: the plain torch optimizer (no master copy).
-  * fp16 (or bf16 without a PipelineEngine), no ZeRO: FP16_Optimizer -- flat fp32 master of every
-    parameter; step() builds a flat fp32 copy of all gradients.
-  * bf16 with the PipelineEngine (or ZeRO-1 with fp32 grad accumulation): BF16_Optimizer -- a
-    full gradient accumulation buffer in grad_accum_dtype, but the fp32 master and optimizer
-    states already partitioned over data parallel ranks (it is ZeRO-1-like even at stage 0).
-  * ZeRO 1/2: DeepSpeedZeroOptimizer -- fp32 master + states / dp; stage 1 keeps full param.grad,
-    stage 2 only this rank's partition; contiguous_gradients adds a grads_in_partition buffer and a
-    reduce bucket of reduce_bucket_size elements (allocated at full size whatever the model size).
-    allgather_bucket_size allocates nothing: 0.19.8 all-gathers in place into the flat buffer.
-  * ZeRO 3: approximate (see _zero3 below).
-Activations: saved tensors of every layer per micro-batch in flight, under DeepSpeed's 1F1B
-schedule (stage s holds min(pp - s, gas) micro-batches), with NeoX's checkpointing rules.
-Not modelled: the CUDA context and NCCL workspaces, allocator fragmentation, per-op temporary
-workspaces (cuBLAS, flash-attention), and gradient tensors of activations during backward
-beyond one recomputed chunk.
+The peak is found the way the hook measures it (calibration/live_memory.py: live tensor bytes after
+every operator): the stage's candidate worst moments are built from the same accounting and the
+largest wins --
+  * the backward of the top block (the first block a micro-batch's backward reaches), when the
+    most micro-batches are in flight: DeepSpeed's 1F1B keeps min(pp - s, gas) on stage s; the
+    first backward of an iteration has the most in flight, a later one has every weight gradient;
+  * the head's and the loss's backward on the last stage;
+  * the gradient reduction and the optimizer step.
+Each candidate adds the model states (optimizer_memory.py), the saved tensors of every micro-batch
+in flight (activations.py), the recomputed chunk, the pipeline's buffers and the logits its
+output slots hold, the backward's temporaries, and what stays from one iteration to the next.
+
+Above the allocated peak, device_memory.py adds what the GPU really holds (allocator reserve,
+CUDA context, NCCL buffers): `device_total` is what nvidia-smi shows and what the out-of-memory
+verdict compares with the GPU.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..config.specs import ModelSpec, ParallelSpec, TrainingSpec
-from .errors import DeriveError
-from .layers import GMLP, MAMBA, RWKV, TRANSFORMER, checkpoint_chunks
+from .activations import (ActivationContext, BackwardPeak, block_backward, block_saved,
+                          embedding_saved, final_norm_backward, final_norm_saved, logits_bytes,
+                          loss_copy_bytes)
+from .device_memory import device_terms, usable
+from .layers import checkpoint_chunks
+from .optimizer_memory import SIXTEEN_BIT, OptimizerLayout, optimizer_layout
 from .options import DEFAULT_OPTIONS, DeriveOptions
-from .params import mamba_inner, moe_expert_width, mlp_widths, rwkv_widths
+from .params import mlp_widths
 
-ALLREDUCE_BUCKET = 500_000_000  # MEMORY_OPT_ALLREDUCE_SIZE / allreduce_bucket_size default (elements)
-SIXTEEN_BIT = ("fp16", "bfloat16")
-
-
-@dataclass(frozen=True)
-class OptimizerLayout:
-    """Bytes per parameter of the stage (sharded parts already divided by dp) + fixed buffers."""
-    wrapper: str  # which DeepSpeed optimizer wrapper holds the states
-    weight: float
-    gradient: float
-    master: float
-    states: float
-    step_transient: float  # per parameter, alive only inside optimizer.step()
-    reduce_buffer: int  # bytes of gradient-reduction buffers
-    reduce_in_backward: bool  # True: buffers coexist with activations; False: only at step time
-    weight_working_set: int = 0  # ZeRO-3 gathered parameters, bytes
-
-
-def _dtype_bytes(name: Optional[str], default: int) -> int:
-    if name is None:
-        return default
-    if name in ("fp32", "float32", "float", "torch.float32"):
-        return 4
-    if name in ("fp16", "float16", "half", "bf16", "bfloat16", "torch.float16", "torch.bfloat16"):
-        return 2
-    raise DeriveError(f"data_types.grad_accum_dtype {name!r} is not fp32/fp16/bf16")
-
-
-def optimizer_state_bytes(optimizer_type: str, opts: DeriveOptions = DEFAULT_OPTIONS) -> int:
-    """Optimizer state bytes per parameter on the GPU (states are fp32 in every NeoX optimizer)."""
-    kind = optimizer_type.lower()
-    momentum = opts.optimizer_momentum
-    if kind in ("cpu_adam", "cpu_torch_adam"):
-        return 0  # DeepSpeedCPUAdam / torch Adam keep exp_avg, exp_avg_sq in host memory
-    if kind == "adam":
-        return 2 if opts.use_bnb_optimizer else 8  # bitsandbytes Adam8bit: two 1-byte states
-    if kind == "onebitadam":
-        return 8  # m, v; the compression error-feedback buffers are not modelled
-    if kind == "lion":
-        return 4  # exp_avg only
-    if kind == "sgd":
-        return 4 if (momentum or 0.0) > 0 else 0  # momentum_buffer
-    if kind == "sm3":
-        # momentum buffer; the per-dimension accumulators are rows + columns (negligible) for
-        # matrices and a full copy for vectors (biases, norms) -- the vector part is ignored.
-        return 4 if (momentum or 0.0) > 0 else 0
-    if kind == "madgrad_wd":
-        # grad_sum_sq, s, and x0 when momentum != 0 (the optimizer's default momentum is 0.9).
-        return 8 + (4 if (0.9 if momentum is None else momentum) != 0 else 0)
-    raise DeriveError(f"optimizer type {optimizer_type!r} is not one NeoX knows "
-                      f"(adam, onebitadam, cpu_adam, cpu_torch_adam, sm3, madgrad_wd, sgd, lion)")
-
-
-def optimizer_layout(training: TrainingSpec, parallel: ParallelSpec, stage_params: int,
-                     largest_layer_params: int,
-                     opts: DeriveOptions = DEFAULT_OPTIONS) -> OptimizerLayout:
-    dp = max(parallel.data_parallel_size, 1)
-    pipelined = parallel.pipe_parallel_size >= 1  # NeoX: pp >= 1 => PipelineModule + PipelineEngine
-    precision = training.precision
-    wb = 2 if precision in SIXTEEN_BIT else 4
-    accum = _dtype_bytes(opts.grad_accum_dtype, wb)
-    on_host = opts.cpu_offload or training.optimizer_type.lower() in ("cpu_adam", "cpu_torch_adam")
-    states = 0 if on_host else optimizer_state_bytes(training.optimizer_type, opts)
-    master = 0 if on_host else 4
-    zero = training.zero_stage
-    allreduce = min(ALLREDUCE_BUCKET, stage_params)
-
-    def bf16_optimizer() -> OptimizerLayout:
-        # Low-precision param.grad stays alive next to the accumulation buffer (clear_lp_grads only
-        # runs on non-last stages after their hp update); step() upcasts the grad partition when
-        # the accumulation dtype is not fp32. The reduction flattens up to 5e8 hp-grad elements.
-        upcast = allreduce * 4 if training.fp32_allreduce and accum != 4 else 0
-        return OptimizerLayout(
-            "BF16_Optimizer", weight=2, gradient=2 + accum, master=master / dp,
-            states=states / dp, step_transient=(0 if accum == 4 else 4) / dp,
-            reduce_buffer=allreduce * accum + upcast, reduce_in_backward=False)
-
-    if zero == 0:
-        # The non-ZeRO all-reduce (engine.buffered_allreduce_fallback) flattens gradients in
-        # buckets of up to 5e8 elements, plus an fp32 copy of the bucket with fp32_allreduce.
-        reduce = allreduce * wb + (allreduce * 4 if training.fp32_allreduce and wb != 4 else 0)
-        if precision == "fp32":
-            return OptimizerLayout("torch optimizer (fp32, no wrapper)", 4, 4, 0, states, 0,
-                                   reduce, False)
-        if precision == "bfloat16" and pipelined:
-            return bf16_optimizer()
-        # FP16_Optimizer.step flattens every fp16 grad into one fp32 tensor before the update.
-        return OptimizerLayout("FP16_Optimizer", 2, 2, master, states, 0 if on_host else 4,
-                               reduce, False)
-    if zero == 1 and precision == "bfloat16" and accum == 4 and not opts.cpu_offload:
-        return bf16_optimizer()
-    bucket = int(training.reduce_bucket_size)
-    if opts.contiguous_gradients:
-        # reduce_gradients(pipeline_parallel=True) allocates one bucket after backward; without
-        # the PipelineEngine the hooks allocate it (two with overlap_comm) during backward.
-        n_buckets = 1 if pipelined else (2 if training.overlap_comm else 1)
-        reduce = n_buckets * bucket * wb
-    else:
-        reduce = min(bucket, stage_params) * wb  # buffered_reduce_fallback flattens a bucket
-    in_backward = not pipelined
-    # step(): the bit16 grad partition is flattened, then converted to an fp32 copy.
-    step = 0 if on_host else (wb + 4) / dp
-    if zero in (1, 2):
-        if zero == 1:
-            grad = accum + (wb / dp if opts.contiguous_gradients else 0)
-        else:
-            grad = wb / dp
-        return OptimizerLayout(f"DeepSpeedZeroOptimizer (ZeRO-{zero})", wb, grad, master / dp,
-                               states / dp, step, reduce, in_backward)
-    if zero == 3:
-        return _zero3(wb, master, states, dp, step, bucket, largest_layer_params, opts)
-    raise DeriveError(f"ZeRO stage {zero} is not 0, 1, 2 or 3")
-
-
-def _zero3(wb, master, states, dp, step, bucket, largest_layer_params, opts) -> OptimizerLayout:
-    # Approximate: every state sharded over dp, plus the parameters gathered at any time taken as
-    # the largest layer plus one prefetch bucket (DeepSpeed's max_live_parameters,
-    # persistence_threshold and parameter reuse distance are not modelled).
-    working = (largest_layer_params + opts.stage3_prefetch_bucket_size) * wb
-    return OptimizerLayout("DeepSpeedZeroOptimizer_Stage3 (approximate)", wb / dp, wb / dp,
-                           master / dp, states / dp, step, bucket * wb, True, working)
-
-
-# ---------------------------------------------------------------------------------------------
-# Activations
-
-
-@dataclass(frozen=True)
-class ActivationContext:
-    model: ModelSpec
-    micro_batch: int
-    tp: int
-    seq_div: int  # tp with sequence parallelism (layer inputs, norms, dropouts scattered), else 1
-    act_bytes: int  # 2 for fp16/bf16, 4 for fp32
-    opts: DeriveOptions
-    partition_activations: bool
-    pipelined: bool
-
-    @property
-    def tokens(self) -> int:
-        return self.model.seq_length * self.micro_batch
-
-    @property
-    def norm_bytes(self) -> int:
-        """Bytes per element a norm keeps for backward."""
-        norm = self.model.norm
-        if norm == "rmsnorm" and not self.opts.rmsnorm_fusion:
-            # NeoX's Python RMSNorm upcasts to fp32 and keeps x (fp32) and x_normed (fp32).
-            return 8
-        return self.act_bytes
-
-    def layer_input(self) -> float:
-        """One [s, b, h] hidden-state tensor between layers."""
-        return self.act_bytes * self.model.hidden_size * self.tokens / self.seq_div
-
-    def checkpoint_input(self) -> float:
-        """What a checkpointed chunk keeps: its input, split over TP with partition_activations."""
-        if self.opts.checkpoint_in_cpu:
-            return 0.0
-        div = self.tp if self.partition_activations and self.tp > 1 else 1
-        return self.layer_input() / div
-
-
-def softmax_bytes(ctx: ActivationContext) -> int:
-    """Bytes per attention-score element the softmax keeps (and the scores bmm reuses)."""
-    e = ctx.act_bytes
-    if e == 4:
-        return 4
-    m = ctx.model
-    s = m.seq_length
-    heads_r = m.num_attention_heads // ctx.tp
-    fused = ((m.fused_softmax or ctx.opts.scaled_masked_softmax_fusion) and 16 < s <= 2048
-             and s % 4 == 0 and (ctx.micro_batch * heads_r) % 4 == 0)
-    # The CUDA kernel's batch_per_block divisibility check is not modelled.
-    if fused:
-        return e
-    if ctx.opts.attention_softmax_in_fp32 or ctx.opts.apply_query_key_layer_scaling:
-        return 4 + e  # torch softmax output in fp32, then the half copy used by the bmm
-    return e
-
-
-def transformer_activation(ctx: ActivationContext, layer) -> float:
-    """Saved tensors of one ParallelTransformerLayer for one micro-batch (Korthikanti et al.
-    style accounting, per NeoX op): 34 sbh + 5 a s^2 b for fp16, MHA, 4h GELU MLP, dropout on."""
-    m, o = ctx.model, ctx.opts
-    e, t, div, tok = ctx.act_bytes, ctx.tp, ctx.seq_div, ctx.tokens
-    h, a = m.hidden_size, m.num_attention_heads
-    drop_h = (h * tok / div) if o.hidden_dropout > 0 else 0  # 1-byte mask per dropout site
-    # Norm inputs: with gpt_j_residual both norms read the same x; a norm that keeps its input
-    # (LayerNorm) shares it, NeoX's Python RMSNorm makes its own fp32 copies.
-    n_norms = 1 if (m.gpt_j_residual and (o.gpt_j_tied or ctx.norm_bytes == e)) else 2
-    total = n_norms * ctx.norm_bytes * h * tok / div
-    total += e * h * tok  # QKV input: even with sequence parallel the gathered input is saved
-    if layer.attention_type == "flash":
-        kvd = m.num_kv_heads * m.head_dim
-        # flash-attn keeps q, k, v (GQA not repeated), its output and the fp32 logsumexp.
-        total += e * (2 * h + 2 * kvd) / t * tok + 4 * (a / t) * tok
-    else:
-        # GQA repeats K/V to every head before the bmm, so q, k, v are all full width.
-        total += e * 3 * h / t * tok
-        probs = softmax_bytes(ctx) + ((1 + e) if o.attention_dropout > 0 else 0)
-        # Sparse/local attention types are counted as dense attention (not modelled separately).
-        total += (a / t) * m.seq_length * m.seq_length * ctx.micro_batch * probs
-    total += e * h / t * tok  # dense (output projection) input
-    total += 2 * drop_h  # after attention and after the MLP
-    if not (m.gpt_j_residual and o.gpt_j_tied):
-        total += e * h * tok  # linear1 input (post-attention norm output)
-    if layer.moe:
-        # Approximate: router input, then each token's copies to top_k experts with their
-        # activation input and linear2 input; megablocks' permutation buffers are not modelled.
-        total += e * h * tok + o.moe_top_k * e * (h + 2 * moe_expert_width(m)) / t * tok
-    else:
-        out, inp = mlp_widths(m)
-        total += e * out / t * tok  # activation input
-        if m.is_gated:
-            total += e * inp / t * tok  # act(gate), kept for the product's backward
-        total += e * inp / t * tok  # linear2 input
-    return total
-
-
-def block_activation(ctx: ActivationContext, layer) -> float:
-    m, e, t, tok = ctx.model, ctx.act_bytes, ctx.tp, ctx.tokens
-    h = m.hidden_size
-    if layer.name == TRANSFORMER:
-        return transformer_activation(ctx, layer)
-    norm_in = ctx.norm_bytes * h * tok / ctx.seq_div
-    if layer.name == GMLP:
-        # Approximate: norm, input_linear, 2ff activation, SGU norm/projection/product, output.
-        ff = 4 * h
-        tiny_attention = layer.attention_type == "amlp"
-        extra = e * m.seq_length * m.seq_length * ctx.micro_batch if tiny_attention else 0
-        return norm_in + e * h * tok + e * 7 * ff / t * tok + extra
-    if layer.name == MAMBA:
-        # Approximate: in_proj output, conv, x_proj/dt, selective-scan inputs and out_proj input.
-        return norm_in + e * h * tok + e * 10 * mamba_inner(m) / t * tok
-    if layer.name == RWKV:
-        # Approximate and not TP-split: time-mix r/k/v/g/w streams and channel-mix key/value.
-        att, ffn = rwkv_widths(m, ctx.opts)
-        return 2 * norm_in + e * (12 * h + 8 * att + 2 * ffn) * tok
-    raise DeriveError(f"unknown block {layer.name}")
-
-
-def embedding_activation(ctx: ActivationContext) -> float:
-    """EmbeddingPipe's saved tensors: token ids (int64), the TP-masked ids, the dropout mask.
-
-    Its output is not kept here: _pre_transformer_block's transposed copy of it is the first
-    layer's saved input (or checkpoint), counted with the layers.
-    """
-    tok = ctx.tokens
-    total = 8 * tok * (2 if ctx.model.pos_emb == "learned" else 1)
-    if ctx.tp > 1:
-        total += 9 * tok  # masked int64 ids + bool mask in VocabParallelEmbedding
-    if ctx.opts.hidden_dropout > 0:
-        total += ctx.model.hidden_size * tok  # embedding dropout runs before the SP scatter
-    return total
-
-
-def head_activation(ctx: ActivationContext, padded_vocab: int) -> Tuple[float, float]:
-    """(saved per micro-batch, backward transient) of the output head and the loss.
-
-    The head keeps its (sequence-gathered) input; the logits [b, s, V/tp] stay in the pipe output
-    buffer; cross_entropy upcasts them to fp32 (unless fp16_lm_cross_entropy) and the vocab-parallel
-    loss works in place on that copy. Backward casts the fp32 gradient back: one more logits-size
-    tensor in the activation dtype.
-    """
-    m, e, tok = ctx.model, ctx.act_bytes, ctx.tokens
-    if ctx.opts.train_impl == "rm":
-        return e * m.hidden_size * tok, 0.0
-    v_r = padded_vocab / ctx.tp
-    fp32_copy = 0 if (ctx.opts.fp16_lm_cross_entropy or e == 4) else 4
-    saved = e * m.hidden_size * tok + (e + fp32_copy) * v_r * tok
-    return saved, e * v_r * tok
-
-
-def full_activation(ctx: ActivationContext, layer, padded_vocab: int) -> float:
-    if layer.kind == "function":
-        return 0.0
-    if layer.kind == "embedding":
-        return embedding_activation(ctx)
-    if layer.kind == "norm":
-        return ctx.norm_bytes * ctx.model.hidden_size * ctx.tokens / ctx.seq_div
-    if layer.kind == "head":
-        return head_activation(ctx, padded_vocab)[0]
-    return block_activation(ctx, layer)
+# What is live at a stage's peak, by what each tensor is (the hook measures the same split:
+# calibration/live_memory.py). Training state: weights, gradients (param.grad and DeepSpeed's
+# gradient buffers), fp32 master weights, optimizer states. Made during the iteration:
+# activations (saved by forward passes), recompute (a checkpointed chunk re-run in backward),
+# logits (the head's output, the loss's fp32 copy and their gradients), buffers (pipeline
+# send/receive and gradient-reduction buffers), temporaries (backward's activation gradients,
+# the optimizer step's transients), other (alive across iterations: masks, caches, data).
+COMPONENTS = ("weights", "gradients", "master_weights", "optimizer_states", "activations",
+              "recompute", "logits", "buffers", "temporaries", "other")
+# the stage table's columns (render/check_text): every component in exactly one
+COLUMNS = (("weights", ("weights",)), ("grads", ("gradients",)),
+           ("optim", ("master_weights", "optimizer_states")),
+           ("activ.", ("activations", "recompute")),
+           ("logits/buffers", ("logits", "buffers", "temporaries", "other")))
 
 
 @dataclass(frozen=True)
@@ -322,108 +55,460 @@ class StageMemory:
     micro_batches_in_flight: int
     optimizer_wrapper: str
     weights: int
-    gradients: int  # param.grad plus accumulation / partition buffers
+    gradients: int  # param.grad plus accumulation / partition buffers, all of them
     master_weights: int  # fp32 master copy (sharded where the wrapper shards it)
     optimizer_states: int
     activations: int  # saved tensors of the stage's layers, all micro-batches in flight
     recompute: int  # one checkpointed chunk's full activations, rebuilt during backward
     embedding: int  # EmbeddingPipe's saved tensors (first stage)
-    logits: int  # logits, fp32 loss copy and its gradient (last stage)
-    pipe_buffers: int  # received inputs / kept outputs of in-flight micro-batches
+    logits: int  # logits kept by the pipeline's output slots, the loss's fp32 copy (last stage)
+    pipe_buffers: int  # received inputs, receive and gradient buffers of the pipeline
     zero_buffers: int  # gradient reduction buckets
     step_transient: int  # extra bytes inside optimizer.step()
     persistent: int  # weights + gradients + master + states
-    backward_peak: int  # persistent + everything alive during forward/backward
-    step_peak: int  # persistent + what optimizer.step() adds
-    total: int  # max(backward_peak, step_peak)
-    capacity: Optional[int]  # GPU memory given by the caller
-    headroom: Optional[int]  # capacity - total (negative: does not fit)
+    backward_peak: int  # the largest moment of forward/backward
+    step_peak: int  # the largest moment of the gradient reduction / optimizer step
+    total: int  # peak allocated bytes: max(backward_peak, step_peak) = sum(peak.values())
+    capacity: Optional[int]  # GPU memory given by the caller (the data sheet's)
+    headroom: Optional[int]  # usable_capacity - device_total (negative: does not fit)
+    # (dicts are left out of the hash: equal stages still compare equal)
+    peak: Dict[str, int] = field(default_factory=dict, hash=False)  # COMPONENTS live at the peak
+    peak_moment: str = ""  # which moment it is
+    device_terms: Dict[str, int] = field(default_factory=dict, hash=False)  # above allocated
+    device_total: int = 0  # total + sum(device_terms): what the GPU shows for the process
+    usable_capacity: Optional[int] = None  # of capacity, what CUDA lets a process allocate
+
+
+def columns(mem: "StageMemory") -> Dict[str, int]:
+    """The stage table's columns in bytes: every byte of device_total in exactly one."""
+    out = {name: sum(mem.peak.get(c, 0) for c in parts) for name, parts in COLUMNS}
+    out["device overhead"] = sum(mem.device_terms.values())
+    return out
+
+
+class _Moment:
+    def __init__(self, where: str):
+        self.where = where
+        self.parts: Dict[str, float] = {c: 0.0 for c in COMPONENTS}
+
+    def add(self, component: str, nbytes: float) -> "_Moment":
+        self.parts[component] += nbytes
+        return self
+
+    @property
+    def total(self) -> float:
+        return sum(self.parts.values())
 
 
 def stage_memory(*, stage: int, num_stages: int, layers: Sequence, model: ModelSpec,
                  parallel: ParallelSpec, training: TrainingSpec, padded_vocab: int,
                  stage_params: int, largest_layer_params: int,
                  gpu_memory_bytes: Optional[int] = None,
-                 opts: DeriveOptions = DEFAULT_OPTIONS) -> StageMemory:
-    """Memory of stage `stage` holding `layers` (its slice of the PipeLayer list)."""
-    tp = max(parallel.model_parallel_size, 1)
-    pipelined = parallel.pipe_parallel_size >= 1
-    gas = max(training.gradient_accumulation_steps, 1)
-    # 1F1B: stage s runs (pp - s) warm-up forwards before its first backward; without a pipeline
-    # each micro-batch's backward frees its activations before the next forward.
-    in_flight = min(num_stages - stage, gas) if pipelined else 1
-    ctx = ActivationContext(
-        model=model, micro_batch=training.micro_batch_size, tp=tp,
-        seq_div=tp if (parallel.sequence_parallel and tp > 1) else 1,
-        act_bytes=2 if training.precision in SIXTEEN_BIT else 4, opts=opts,
-        partition_activations=training.partition_activations, pipelined=pipelined)
-
-    layout = optimizer_layout(training, parallel, stage_params, largest_layer_params, opts)
-    weights = layout.weight * stage_params + layout.weight_working_set
-    gradients = layout.gradient * stage_params
-    master = layout.master * stage_params
-    states = layout.states * stage_params
-
-    interval = training.checkpoint_num_layers if training.checkpoint_activations else 0
-    saved = 0.0
-    recompute = 0.0
-    embedding = 0.0
-    chunks = checkpoint_chunks([layer.name for layer in layers], interval, pipelined)
-    for start, stop, ckpt in chunks:
-        chunk = layers[start:stop]
-        if ckpt:
-            saved += ctx.checkpoint_input()
-            recompute = max(recompute, sum(full_activation(ctx, l, padded_vocab) for l in chunk))
-            continue
-        for layer in chunk:
-            if layer.kind == "embedding":
-                embedding += embedding_activation(ctx)
-            elif layer.kind != "head":
-                saved += full_activation(ctx, layer, padded_vocab)
-
-    logits = 0.0
-    if layers and layers[-1].kind == "head" and stage == num_stages - 1:
-        head_saved, head_grad = head_activation(ctx, padded_vocab)
-        logits = in_flight * head_saved + head_grad
-
-    pipe = 0.0
-    if pipelined and num_stages > 1:
-        if stage > 0:
-            received = ctx.layer_input()
-            pipe += received
-            # The received tensor is the first layer's saved input (or checkpoint) unless the
-            # checkpoint stores a partitioned/CPU/contiguous copy or the norm keeps fp32 copies.
-            first_ckpt = chunks[0][2]
-            copies = (ctx.partition_activations and tp > 1) or opts.checkpoint_in_cpu \
-                or opts.contiguous_checkpointing
-            if (first_ckpt and not copies) or (not first_ckpt and layers
-                                               and layers[0].kind == "block"
-                                               and ctx.norm_bytes == ctx.act_bytes):
-                saved -= min(received, ctx.checkpoint_input() if first_ckpt else received)
-        if stage < num_stages - 1:
-            # The stage output stays in pipe_buffers until its backward; DeepSpeed's default
-            # pipe_partitioned keeps only this rank's 1/tp slice of it when tp > 1.
-            pipe += ctx.layer_input() / tp
-        # The attention mask [1, 1, s, s] (bool) travels with every micro-batch.
-        if stage > 0:
-            pipe += model.seq_length * model.seq_length
-
-    activations = in_flight * saved
-    embedding *= in_flight
-    pipe *= in_flight
-    during = activations + recompute + embedding + logits + pipe
-    reduce = layout.reduce_buffer
-    step = layout.step_transient * stage_params
-    persistent = weights + gradients + master + states
-    backward_peak = persistent + during + (reduce if layout.reduce_in_backward else 0)
-    step_peak = persistent + step + (0 if layout.reduce_in_backward else reduce)
-    total = max(backward_peak, step_peak)
+                 opts: DeriveOptions = DEFAULT_OPTIONS, device: str = "cuda") -> StageMemory:
+    """Memory of stage `stage` holding `layers` (its slice of the PipeLayer list). `device`
+    "cpu" predicts a CPU run (validation): NeoX's rotary caches then live on the device."""
+    st = _Stage(stage, num_stages, layers, model, parallel, training, padded_vocab, stage_params,
+                largest_layer_params, opts, device)
+    moments = st.moments()
+    peak = max(moments, key=lambda m: m.total)
+    steps = [m for m in moments if m.where.startswith(_STEP)]
+    step = max(steps, key=lambda m: m.total)
+    backward = max((m for m in moments if m not in steps), key=lambda m: m.total, default=step)
     r = lambda x: int(round(x))
+    parts = {c: r(v) for c, v in peak.parts.items()}
+    total = sum(parts.values())
+    terms = device_terms(total, largest_transient=st.largest_transient(),
+                         live_tensors=st.live_tensors(), parallel=parallel, stage=stage,
+                         num_stages=num_stages, tied=not model.no_weight_tying, device=device)
+    device_total = total + sum(terms.values())
+    b = backward.parts
     return StageMemory(
-        stage=stage, micro_batches_in_flight=in_flight, optimizer_wrapper=layout.wrapper,
-        weights=r(weights), gradients=r(gradients), master_weights=r(master),
-        optimizer_states=r(states), activations=r(activations), recompute=r(recompute),
-        embedding=r(embedding), logits=r(logits), pipe_buffers=r(pipe), zero_buffers=r(reduce),
-        step_transient=r(step), persistent=r(persistent), backward_peak=r(backward_peak),
-        step_peak=r(step_peak), total=r(total), capacity=gpu_memory_bytes,
-        headroom=None if gpu_memory_bytes is None else gpu_memory_bytes - r(total))
+        stage=stage, micro_batches_in_flight=st.in_flight, optimizer_wrapper=st.layout.wrapper,
+        weights=r(st.weights), gradients=r(st.full_gradients), master_weights=r(st.master),
+        optimizer_states=r(st.states), activations=r(b["activations"]),
+        recompute=r(b["recompute"]), embedding=r(st.embedding * st.in_flight), logits=r(b["logits"]),
+        pipe_buffers=r(st.pipe_buffers()), zero_buffers=r(st.layout.reduce_buffer),
+        step_transient=r(st.layout.step_transient * stage_params),
+        persistent=r(st.weights + st.full_gradients + st.master + st.states),
+        backward_peak=r(backward.total), step_peak=r(step.total), total=total,
+        capacity=gpu_memory_bytes,
+        headroom=None if gpu_memory_bytes is None else usable(gpu_memory_bytes) - device_total,
+        peak=parts, peak_moment=peak.where, device_terms=terms, device_total=device_total,
+        usable_capacity=None if gpu_memory_bytes is None else usable(gpu_memory_bytes))
+
+
+_STEP = "optimizer step"
+
+
+class _Stage:
+    """One stage's tensors, gathered once; `moments()` builds the candidates."""
+
+    def __init__(self, stage, num_stages, layers, model, parallel, training, padded_vocab,
+                 stage_params, largest_layer_params, opts, device):
+        self.stage, self.num_stages, self.layers = stage, num_stages, list(layers)
+        self.model, self.parallel, self.training, self.opts = model, parallel, training, opts
+        self.vocab, self.device = padded_vocab, device
+        tp = max(parallel.model_parallel_size, 1)
+        self.tp = tp
+        self.pipelined = parallel.pipe_parallel_size >= 1
+        self.gas = max(training.gradient_accumulation_steps, 1)
+        # 1F1B: stage s runs (pp - s) warm-up forwards before its first backward; without a
+        # pipeline each micro-batch's backward frees its activations before the next forward.
+        self.in_flight = min(num_stages - stage, self.gas) if self.pipelined else 1
+        self.layout: OptimizerLayout = optimizer_layout(training, parallel, stage_params,
+                                                        largest_layer_params, opts)
+        L = self.layout
+        self.stage_params = stage_params
+        self.weights = L.weight * stage_params + L.weight_working_set
+        self.full_gradients = L.gradient * stage_params
+        self.master = L.master * stage_params
+        self.states = L.states * stage_params
+        e = 2 if training.precision in SIXTEEN_BIT else 4
+        self.ctx = ActivationContext(
+            model=model, micro_batch=training.micro_batch_size, tp=tp,
+            seq_div=tp if (parallel.sequence_parallel and tp > 1) else 1, act_bytes=e, opts=opts,
+            partition_activations=training.partition_activations, pipelined=self.pipelined,
+            precision=training.precision, param_bytes=int(L.weight) or e, device=device)
+        self.first = bool(self.layers) and self.layers[0].kind == "embedding"
+        self.last = bool(self.layers) and self.layers[-1].kind == "head" and stage == num_stages - 1
+        self.blocks = [l for l in self.layers if l.is_block]
+        interval = training.checkpoint_num_layers if training.checkpoint_activations else 0
+        self.chunks = checkpoint_chunks([l.name for l in self.layers], interval, self.pipelined)
+        self.embedding = sum(b for _, b in embedding_saved(self.ctx)) if self.first else 0.0
+        # pipeline slots in use: DeepSpeed keeps max(2, min(pp - s, gas)) buffers, filled in turn
+        self.slots = min(max(2, min(num_stages - stage, self.gas)), self.gas) if self.pipelined else 1
+
+    # -- per micro-batch ---------------------------------------------------------------------
+    def _rotary_copies(self) -> float:
+        """On a GPU each block's forward copies NeoX's CPU-resident cos/sin caches to the device
+        (RotaryEmbedding.forward: .to(x.device)); the rotary product keeps them."""
+        m = self.model
+        if self.device == "cpu" or m.pos_emb != "rotary":
+            return 0.0
+        return 2 * m.seq_length * m.head_dim * m.rotary_pct * self.ctx.act_bytes
+
+    def _chunk_parts(self) -> Tuple[float, List[Tuple[List, bool]]]:
+        """(bytes one micro-batch keeps through the stage's forward, [(chunk blocks, ckpt)])."""
+        ctx, kept, out = self.ctx, 0.0, []
+        # DeepSpeed's CheckpointFunction keeps each chunk's input and nothing made inside the
+        # chunk: the input is the previous chunk's output itself, or a partitioned (tp) / CPU /
+        # contiguous copy of it, and then the full output is dropped once the next chunk ran
+        copies = (ctx.partition_activations and self.tp > 1) or self.opts.checkpoint_in_cpu \
+            or self.opts.contiguous_checkpointing
+        chunks = [(start, stop, ckpt) for start, stop, ckpt in self.chunks
+                  if any(l.is_block for l in self.layers[start:stop])]
+        for i, (start, stop, ckpt) in enumerate(chunks):
+            blocks = [l for l in self.layers[start:stop] if l.is_block]
+            out.append((blocks, ckpt))
+            if ckpt:
+                if copies:
+                    kept += ctx.checkpoint_input()
+                if not copies or i == len(chunks) - 1:
+                    kept += ctx.hidden  # the chunk's output, kept by whatever reads it next
+            else:
+                kept += sum(sum(b for _, b in block_saved(ctx, l)) + self._rotary_copies()
+                            for l in blocks)
+        return kept, out
+
+    def stage_input(self) -> float:
+        """What a micro-batch's forward makes before the first block: the embedding's kept
+        tensors and _pre_transformer_block's transposed copy (first stage), or the forward's
+        clone of the received activation and mask (later stages)."""
+        m, tok = self.model, self.ctx.tokens
+        if self.first:
+            out = self.embedding + self.ctx.hidden + 8 * tok  # + the token ids embedding keeps
+            if m.pos_emb == "learned":
+                out += 8 * tok  # the position ids the position embedding keeps
+            # the mask: PipelineEngine's forward clones its inputs; NeoX's get_batch makes it
+            return out + m.seq_length ** 2
+        if self.pipelined:
+            return self.ctx.hidden + self.model.seq_length ** 2  # + the bool mask's clone
+        return 0.0
+
+    def head_items(self) -> float:
+        """Final norm (last stage): kept until the head's backward."""
+        return sum(b for _, b in final_norm_saved(self.ctx)) if self.last else 0.0
+
+    # -- pipeline buffers ----------------------------------------------------------------------
+    def received(self) -> float:
+        """One received activation as the pipeline keeps it (its clone) plus the bool mask."""
+        return self.ctx.hidden + self.model.seq_length ** 2
+
+    def pipe_buffers(self) -> float:
+        """Receive / gradient buffers (persistent: DeepSpeed's _grad_layer_buf, shared by the
+        activations a stage receives and the gradients it receives)."""
+        if not self.pipelined or self.num_stages == 1:
+            return 0.0
+        out = self.ctx.hidden  # the received activation or the received gradient
+        if self.stage > 0:
+            out += 2 * self.model.seq_length ** 2  # the mask, received as half
+        return out
+
+    def stage_output(self) -> float:
+        """A non-last stage's output kept in the pipe buffers until its backward: with tp > 1
+        DeepSpeed keeps only this rank's partition of it."""
+        if self.tp > 1 and self.pipelined and not self.last:
+            return self.ctx.hidden / self.tp
+        return self.ctx.hidden
+
+    def other(self) -> float:
+        """Alive across iterations: NeoX's rotary caches when they are on the device (CPU runs),
+        and the loaded micro-batches the pipeline slots (or the step) hold."""
+        m, tok, s = self.model, self.ctx.tokens, self.model.seq_length
+        out = 0.0
+        if self.device == "cpu" and m.pos_emb == "rotary":
+            # RotaryEmbedding: emb (fp32) and cos/sin in the parameter dtype, per block
+            rot = int(m.head_dim * m.rotary_pct)
+            out += len(self.blocks) * m.seq_length * rot * (4 + 2 * self.ctx.param_bytes)
+        out += self.pipe_module_copy()
+        # the iteration's raw micro-batches [b, s + 1] (int64): the dataset's and the
+        # broadcast copy of each (mpu.broadcast_data)
+        out += 2 * self.gas * 8 * self.training.micro_batch_size * (s + 1)
+        if self.pipelined:
+            if self.first:
+                # the engine's clones of the token and position ids and of the mask
+                out += self.slots * (16 * tok + s * s)
+            if self.last:
+                # NeoX's batch for the slot: token ids, labels (int64), loss mask (fp32), and
+                # the position ids' [s] storage when they are not cloned above (measured)
+                out += self.slots * (20 * tok + (0 if self.first else 8 * s))
+        else:
+            out += 20 * tok  # NeoX's get_batch: labels (int64), loss mask (fp32), tokens
+        return out
+
+    def no_decay_params(self) -> float:
+        """Parameters NeoX puts in its no-weight-decay group (get_params_for_weight_decay_
+        optimization): every norm's and every bias, per rank."""
+        m, tp = self.model, self.tp
+        out, inp = mlp_widths(m)
+        norm = m.hidden_size * (2 if m.norm == "layernorm" else 1)
+        per_block = 2 * norm
+        if m.use_bias_in_attn_linear:
+            per_block += (m.num_attention_heads + 2 * m.num_kv_heads) * m.head_dim / tp + m.hidden_size
+        if m.use_bias_in_mlp:
+            per_block += out / tp + m.hidden_size
+        return len(self.blocks) * per_block + (norm if self.last else 0)
+
+    def pipe_module_copy(self) -> float:
+        """pp = 0 with tied embeddings: NeoX's to_sequential builds new modules from the specs,
+        and the original GPT2ModelPipe stays alive -- the tied head's _logits_helper closes over
+        it -- with its own copy of every weight, built on the device unless
+        use_cpu_initialization (measured on CPU)."""
+        if self.pipelined or self.model.no_weight_tying:
+            return 0.0
+        if self.device == "cuda" and self.opts.use_cpu_initialization:
+            return 0.0
+        m, pb = self.model, self.ctx.param_bytes
+        # the copy was never cast: torch's LayerNorm and position Embedding are built in fp32,
+        # NeoX's own parallel layers in params_dtype
+        norms = (2 * len(self.blocks) + 1) * m.hidden_size * (2 if m.norm == "layernorm" else 1)
+        positions = m.max_position_embeddings * m.hidden_size if m.pos_emb == "learned" else 0
+        return self.stage_params * pb + (4 - pb) * (norms + positions)
+
+    # -- for the device terms -----------------------------------------------------------------
+    def largest_transient(self) -> float:
+        """The largest tensor the backward makes and frees: a score-sized gradient (unfused
+        attention), an MLP-sized one, or the logits' (last stage)."""
+        ctx, m = self.ctx, self.model
+        out, _ = mlp_widths(m)
+        sizes = [ctx.act_bytes * ctx.tokens * out / self.tp, ctx.gathered]
+        if any(l.attention_type != "flash" for l in self.blocks):
+            sizes.append(ctx.act_bytes * (m.num_attention_heads // self.tp) * m.seq_length ** 2
+                         * ctx.micro_batch)
+        if self.last:
+            sizes.append(logits_bytes(ctx, self.vocab))
+        return max(sizes) if self.blocks else 0.0
+
+    def live_tensors(self) -> int:
+        """Separate allocations alive at the peak: the saved tensors of every micro-batch in
+        flight, and the parameters' tensors (weights, gradients and, without a flat wrapper,
+        the optimizer's two states per weight)."""
+        per_mb = sum(len(block_saved(self.ctx, l)) for l in self.blocks)
+        per_param = 4 if self.layout.wrapper.startswith("torch") else 2
+        weights = 12 * len(self.blocks) + 4
+        return int(self.in_flight * per_mb + per_param * weights)
+
+    # -- gradients -------------------------------------------------------------------------------
+    def _head_grads(self) -> float:
+        """Weight gradients the last stage's head and final norm make before the first block's
+        backward (the tied head's stays in autograd's buffer until the embedding's backward)."""
+        if not self.last:
+            return 0.0
+        head = self.layers[-1]
+        norm = 2 * self.model.hidden_size * self.ctx.param_bytes
+        tied_here = head.tied_key is not None and self.first
+        return norm + (0.0 if tied_here else head.params * self.ctx.param_bytes)
+
+    def _word_embedding_grad(self) -> float:
+        """The word embedding's [V/tp, h] weight gradient (the tied head's)."""
+        return self.vocab / self.tp * self.model.hidden_size * self.ctx.param_bytes
+
+    # -- the candidates -------------------------------------------------------------------------
+    def moments(self) -> List[_Moment]:
+        out = []
+        kept, chunks = self._chunk_parts()
+        per_mb = self.stage_input() + kept + self.head_items()
+        if not self.blocks:
+            return self._step_moment()
+        later = self.gas > 1
+        flights = [(self.in_flight, False)]
+        if later:
+            flights.append((min(self.num_stages - self.stage, self.gas - 1)
+                            if self.pipelined else 1, True))
+        for in_flight, accumulate in flights:
+            out.append(self._top_block(per_mb, kept, chunks, in_flight, accumulate))
+            if self.last:
+                out.append(self._head_forward(per_mb, in_flight, accumulate))
+                out += self._head_backward(per_mb, in_flight, accumulate)
+                out.append(self._final_norm_backward(per_mb, in_flight, accumulate))
+        out += self._step_moment()
+        return out
+
+    def _common(self, mo: _Moment, accumulate: bool, made_grads: float,
+                step: bool = False) -> _Moment:
+        L = self.layout
+        mo.add("weights", self.weights).add("master_weights", self.master)
+        mo.add("optimizer_states", self.states)
+        if L.grads_persistent or accumulate:
+            mo.add("gradients", self.full_gradients)
+        else:
+            mo.add("gradients", min(made_grads * L.gradient / max(self.ctx.param_bytes, 1),
+                                    self.full_gradients))
+        mo.add("buffers", self.pipe_buffers())
+        if L.reduce_in_backward and not step:
+            mo.add("buffers", L.reduce_buffer)
+        mo.add("other", self.other())
+        if self.pipelined and self.first and not step:
+            # the raw micro-batches this iteration has loaded so far, beside the last one's
+            loaded = self.in_flight + (1 if accumulate else 0)
+            mo.add("other", loaded * 8 * self.training.micro_batch_size * (self.model.seq_length + 1))
+        if self.last and self.pipelined:
+            mo.add("logits", self.slots * logits_bytes(self.ctx, self.vocab))
+        return mo
+
+    def _top_block(self, per_mb, kept, chunks, in_flight, accumulate) -> _Moment:
+        ctx = self.ctx
+        blocks, ckpt = chunks[-1]
+        top = blocks[-1]
+        mo = _Moment(f"backward of the top block ({'a later' if accumulate else 'the first'} "
+                     f"micro-batch, {in_flight} in flight)")
+        # the gradient arriving at the top block: the final norm's input gradient (last stage,
+        # [b, s, h]); on other stages it is the received-gradient buffer (counted in buffers)
+        incoming = ctx.gathered if self.last else 0.0
+        walk: BackwardPeak = block_backward(ctx, top, accumulate, incoming, transposed=self.last)
+        acts = in_flight * per_mb - self.head_items()
+        if self.last:
+            # _post_transformer_block's transposed copy replaced the top block's output
+            acts -= ctx.hidden
+        else:
+            acts -= ctx.hidden - self.stage_output()
+        if ckpt:
+            # recomputed: the chunk's blocks, saved again; their output included
+            recomputed = sum(sum(b for _, b in block_saved(ctx, l)) + self._rotary_copies()
+                             for l in blocks)
+            mo.add("recompute", recomputed - walk.released)
+            mo.add("temporaries", self.model.seq_length ** 2)  # the mask's zero gradient
+        else:
+            acts -= walk.released
+        mo.add("activations", acts)
+        mo.add("temporaries", walk.temporaries)
+        if self.last and self.first and self.layers[-1].tied_key is not None:
+            # the tied head's weight gradient waits in autograd's input buffer for the
+            # embedding's backward to add its part
+            mo.add("temporaries", self._word_embedding_grad())
+        self._received(mo, in_flight)
+        return self._common(mo, accumulate, self._head_grads() + walk.gradients)
+
+    def _received(self, mo: _Moment, in_flight: int, held: Optional[int] = None) -> None:
+        """The received activations alive: on a middle stage, each in-flight micro-batch's;
+        on the last stage the current one's, and those of the `held` micro-batches whose
+        logits still sit in the pipeline's output slots: each keeps its autograd graph, and
+        with it its received input and that input's gradient (steady state: the slots hold
+        the previous micro-batches, of this iteration or the last)."""
+        if not self.pipelined or self.first:
+            return
+        if self.last:
+            held = self.slots - 1 if held is None else held
+            mo.add("buffers", (1 + held) * self.ctx.hidden + self.model.seq_length ** 2)
+            mo.add("temporaries", held * self.ctx.hidden)
+        else:
+            mo.add("buffers", in_flight * self.received())
+
+    def _head_forward(self, per_mb, in_flight, accumulate) -> _Moment:
+        """The head's forward and the loss on the last stage: the new logits (and the loss's
+        fp32 copy) are made while the pipeline's output slots still hold earlier logits --
+        the slot being reused holds its previous micro-batch's until the forward returns."""
+        ctx = self.ctx
+        mo = _Moment(f"forward of the head and loss ({in_flight} in flight)")
+        mo.add("activations", in_flight * per_mb - ctx.hidden)
+        logit = logits_bytes(ctx, self.vocab)
+        mo.add("logits", (self.slots + 1) * logit if self.pipelined else logit)
+        mo.add("logits", loss_copy_bytes(ctx, self.vocab))
+        self._received(mo, in_flight, held=self.slots)
+        mo = self._common(mo, accumulate, 0.0)
+        if self.pipelined:  # _common counted the slots' logits once already
+            mo.add("logits", -self.slots * logit)
+        return mo
+
+    def _head_backward(self, per_mb, in_flight, accumulate) -> List[_Moment]:
+        """The loss's and the head's backward on the last stage, every saved tensor alive:
+        when the loss ran on an fp32 copy, casting its gradient back (the copy, its softmax
+        and the gradient, alive together); then the head's product backward (the logits'
+        gradient, the head's input gradient and its weight gradient -- a temporary until
+        AccumulateGrad, or the tied embedding's, waiting for the embedding's backward)."""
+        ctx = self.ctx
+        copy = loss_copy_bytes(ctx, self.vocab)
+        logit = logits_bytes(ctx, self.vocab)
+        head = self.layers[-1]
+        wgrad = self._word_embedding_grad() if head.tied_key else head.params * ctx.param_bytes
+        out = []
+        for where, logits, temps in (("the loss's cast back", copy + logit, 0.0),
+                                     ("the head", logit if copy else 0.0, ctx.gathered + wgrad)):
+            if where.startswith("the loss") and not copy:
+                continue
+            mo = _Moment(f"backward of {where} ({in_flight} in flight)")
+            mo.add("activations", in_flight * per_mb - ctx.hidden)
+            mo.add("logits", logits + (0.0 if self.pipelined else logit))
+            mo.add("temporaries", temps)
+            self._received(mo, in_flight)
+            out.append(self._common(mo, accumulate, 0.0))
+        return out
+
+    def _final_norm_backward(self, per_mb, in_flight, accumulate) -> _Moment:
+        """The final norm's backward on the last stage: the head's input gradient arrives, the
+        norm's own output is released; every block's saved tensors are still there."""
+        ctx = self.ctx
+        mo = _Moment(f"backward of the final norm ({in_flight} in flight)")
+        walk = final_norm_backward(ctx, accumulate)
+        mo.add("activations", in_flight * per_mb - ctx.hidden - walk.released)
+        mo.add("temporaries", walk.temporaries)
+        head = self.layers[-1]
+        if head.tied_key is not None and self.first:
+            mo.add("temporaries", self._word_embedding_grad())
+        self._received(mo, in_flight)
+        return self._common(mo, accumulate, self._head_grads())
+
+    def _step_moment(self) -> List[_Moment]:
+        """After the last backward, every gradient made: the gradient reduction with its
+        buffers (a flat copy of the gradients, ZeRO's buckets), then the optimizer step with its
+        transients (the reduction's buffers gone; ZeRO has moved the gradients into this
+        rank's partition); the pipeline's slots keep their logits and inputs."""
+        L = self.layout
+        reduce = _Moment(f"{_STEP}: gradient reduction")
+        reduce.add("buffers", L.reduce_at_step)
+        step = _Moment(f"{_STEP}")
+        step.add("temporaries", L.step_transient * self.stage_params)
+        if L.wrapper == "FP16_Optimizer":
+            # its per-parameter fp32 copies exist for one parameter group at a time: the
+            # weight-decay group, without the norms and biases
+            step.add("temporaries", -4 * self.no_decay_params())
+        out = []
+        for mo in (reduce, step):
+            self._common(mo, True, 0.0, step=True)
+            if mo is step and L.grads_leave_at_step:
+                mo.add("gradients", -self.full_gradients)
+            if self.pipelined and not self.first and self.last:
+                mo.add("buffers", self.slots * self.ctx.hidden + self.model.seq_length ** 2)
+                mo.add("temporaries", self.slots * self.ctx.hidden)
+            out.append(mo)
+        return out

@@ -47,7 +47,8 @@ class DerivedModel:
 
 
 def derive(config: NeoxConfig, raw_vocab: int, gpu_memory_bytes: Optional[int] = None,
-           options: Optional[DeriveOptions] = None) -> DerivedModel:
+           options: Optional[DeriveOptions] = None, device: str = "cuda") -> DerivedModel:
+    """`device` "cpu" derives the memory of a CPU run (validation on this machine)."""
     model, parallel, training = config.model, config.parallel, config.training
     opts = options if options is not None else DeriveOptions.from_values(config.values)
     mp = max(parallel.model_parallel_size, 1)
@@ -70,7 +71,7 @@ def derive(config: NeoxConfig, raw_vocab: int, gpu_memory_bytes: Optional[int] =
         mem = stage_memory(stage=s, num_stages=num_stages, layers=chunk, model=model,
                            parallel=parallel, training=training, padded_vocab=vocab,
                            stage_params=counts[s].per_rank, largest_layer_params=largest,
-                           gpu_memory_bytes=gpu_memory_bytes, opts=opts)
+                           gpu_memory_bytes=gpu_memory_bytes, opts=opts, device=device)
         stages.append(Stage(
             index=s, start=parts[s], stop=parts[s + 1],
             layer_names=tuple(l.name for l in chunk),
@@ -109,6 +110,10 @@ def _warnings(config: NeoxConfig, opts: DeriveOptions, layers, stages, pipelined
         if odd and "transformer" in method:
             out.append(f"{', '.join(sorted(odd))} do not match '{method[5:]}': they weigh 0 in the "
                        f"partition, so stages are balanced on the other specs only")
+    if not pipelined and not config.model.no_weight_tying and not opts.use_cpu_initialization:
+        out.append("pipe_parallel_size 0 with tied embeddings: NeoX's to_sequential leaves the "
+                   "original pipeline module alive (the tied head's closure), with a second copy "
+                   "of every weight on the GPU; memory counts it (pipe_parallel_size 1 avoids it)")
     # ZeRO >= 2 with model parallelism is refused once, as an error: checks.config_verdicts
     if opts.train_impl in ("dpo", "kto", "reinforce"):
         out.append(f"train_impl {opts.train_impl}: NeoX builds a second (reference) model; its "

@@ -43,6 +43,8 @@ class DeriveOptions:
     te_layernorm_mlp: bool = False
     te_mha: bool = False
     use_mup: bool = False
+    rope_fusion: bool = False  # fused rotary kernel: no TorchScript rotate_half halves kept
+    use_cpu_initialization: bool = False  # NeoX builds the parameters on the host first
 
     @classmethod
     def from_values(cls, values: Optional[Mapping[str, Any]]) -> "DeriveOptions":
@@ -101,6 +103,8 @@ class DeriveOptions:
             te_layernorm_mlp=bool(get("te_layernorm_mlp", False)),
             te_mha=bool(get("te_mha", False)) or bool(get("te_fp8_mha", False)),
             use_mup=bool(get("use_mup", False)),
+            rope_fusion=bool(get("rope_fusion", False)),
+            use_cpu_initialization=bool(get("use_cpu_initialization", False)),
         )
 
 

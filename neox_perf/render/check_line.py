@@ -28,8 +28,10 @@ def line(result) -> str:
         if pred.get("run_seconds"):
             fields.append(f"run {pred['run_seconds'] / 3600:,.0f} h, {pred['run_gpu_hours']:,.0f} GPU-h")
     if d is not None and result.facts is not None:
-        worst = max(s.memory.total for s in d.stages)
-        fields.append(f"{worst / GIB:.1f}/{result.facts.gpu_memory_bytes / GIB:.0f} GiB per GPU")
+        # what nvidia-smi will show of the fullest stage, against what a process can use
+        from ..derive.device_memory import usable
+        worst = max(s.memory.device_total for s in d.stages)
+        fields.append(f"{worst / GIB:.1f}/{usable(result.facts.gpu_memory_bytes) / GIB:.1f} GiB per GPU")
     summary = result.summary()
     fields.append(f"{summary['level'].upper()}: {summary['text']}")
     if result.suggestion is not None:

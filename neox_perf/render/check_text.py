@@ -108,22 +108,25 @@ def render(result, console) -> None:
     if d is not None:
         table = Table(title="Pipeline stages (per GPU)", title_justify="left", box=box.SIMPLE_HEAD, collapse_padding=True,
                       pad_edge=False)
-        for col in ("stage", "specs", "blocks", "params", "weights", "grads", "optim",
-                    "activ.", "total", "of GPU"):
+        from ..derive.memory import columns
+        names = ("weights", "grads", "optim", "activ.", "logits/buffers", "device overhead")
+        for col in ("stage", "specs", "blocks", "params") + names + ("total", "of GPU"):
             table.add_column(col, justify="right" if col != "specs" else "left")
         for s in d.stages:
             mem = s.memory
-            share = f"{mem.total / mem.capacity:.0%}" if mem.capacity else "-"
-            style = "bold red" if mem.capacity and mem.total > mem.capacity else None
-            table.add_row(str(s.index), f"[{s.start},{s.stop})",
-                          str(s.transformer_layers), _n(s.params_per_rank), f"{mem.weights / GIB:.1f}G",
-                          f"{mem.gradients / GIB:.1f}G",
-                          f"{(mem.master_weights + mem.optimizer_states) / GIB:.1f}G",
-                          f"{mem.activations / GIB:.1f}G", f"{mem.total / GIB:.1f}G", share, style=style)
+            cols = columns(mem)
+            usable = mem.usable_capacity
+            share = f"{mem.device_total / usable:.0%}" if usable else "-"
+            style = "bold red" if usable and mem.device_total > usable else None
+            table.add_row(str(s.index), f"[{s.start},{s.stop})", str(s.transformer_layers),
+                          _n(s.params_per_rank), *(f"{cols[n] / GIB:.1f}G" for n in names),
+                          f"{mem.device_total / GIB:.1f}G", share, style=style)
         console.print(table)
         console.print(Text("specs: [start, stop) of NeoX's PipelineModule layer list; blocks: transformer "
-                           "layers; memory in GiB per GPU at the peak of backward or optimizer step",
-                           style="dim"))
+                           "layers; memory in GiB per GPU at the stage's peak (backward or optimizer "
+                           "step): what is live then, plus the device overhead above it (allocator "
+                           "reserve, CUDA context, NCCL); total: what nvidia-smi shows; of GPU: of "
+                           "what CUDA lets a process use", style="dim"))
     if result.estimate is not None:
         _render_prediction(result, console)
     _render_suggestion(result, console)

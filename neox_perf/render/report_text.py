@@ -23,6 +23,14 @@ def _e(x) -> Text:
     return Text(f"{x * 100:+.0f}%", style=style)
 
 
+def _em(x) -> Text:
+    """A memory error: to a tenth of a percent (the memory target is a few percent)."""
+    if x is None:
+        return Text("-", style="dim")
+    style = "green" if abs(x) <= 0.03 else "yellow" if abs(x) <= 0.1 else "red"
+    return Text(f"{x * 100:+.1f}%", style=style)
+
+
 def _feats(f: dict) -> str:
     return " ".join(f"{k}={int(v) if float(v).is_integer() else v}" for k, v in sorted(f.items()))
 
@@ -77,6 +85,7 @@ def _render_report(r: dict, console) -> None:
                      Text(c.get("note") or "", style="dim"))
     console.print(comp)
 
+    _render_memory(r.get("memory") or [], console)
     if r["operators"]:
         ops = Table(title="Operators (largest difference per iteration first)",
                     title_justify="left", box=box.SIMPLE_HEAD)
@@ -103,3 +112,55 @@ def _render_report(r: dict, console) -> None:
     console.print(f"samples stored: {s.get('count', 0)} in {', '.join(s.get('stores') or []) or '-'}")
     for n in r.get("notes") or []:
         console.print(f"[yellow]note:[/yellow] {n}")
+
+
+def _bytes(x) -> str:
+    if x is None:
+        return "-"
+    return f"{x / 2 ** 30:.2f}G" if abs(x) >= 2 ** 30 else f"{x / 2 ** 20:.1f}M"
+
+
+def print_memory(rows, title: str, console) -> None:
+    """Components down, stages across: predicted / measured and the error (render of
+    runs/memory.stage_rows; validate's text uses it too). The title is its own line: the
+    table is narrow and would wrap it."""
+    console.print(Text(title, style="italic"))
+    console.print(memory_table(rows))
+
+
+def memory_table(rows) -> Table:
+    names = [c["component"] for c in rows[0]["components"]
+             if any(c2["component"] == c["component"] and (c2["predicted"] or c2["measured"])
+                    for r in rows for c2 in r["components"])]
+    table = Table(box=box.SIMPLE_HEAD)
+    table.add_column("component")
+    for r in rows:
+        table.add_column(f"stage {r['stage']}", justify="right")
+    for n in names:
+        cells = []
+        for r in rows:
+            c = next(c for c in r["components"] if c["component"] == n)
+            cells.append(Text(f"{_bytes(c['predicted'])} / {_bytes(c['measured'])} ")
+                         + _em(c["error"]))
+        table.add_row(n.replace("_", " "), *cells)
+    table.add_row("peak", *[Text(f"{_bytes(r['predicted'])} / {_bytes(r['measured'])} ") + _em(r["error"])
+                            for r in rows], style="bold")
+    return table
+
+
+def _render_memory(rows, console) -> None:
+    """Peak live tensor bytes per stage and what was live at it."""
+    if not rows:
+        return
+    print_memory(rows, "Memory per GPU at the peak (predicted / measured, error)", console)
+    for r in rows:
+        cuda = r.get("cuda") or {}
+        extra = (f"; the allocator's own peaks: allocated {_bytes(cuda.get('max_allocated'))}, "
+                 f"reserved {_bytes(cuda.get('max_reserved'))}" if cuda else "")
+        console.print(f"[dim]stage {r['stage']} (rank {r['rank']}): measured during "
+                      f"{r['moment'] or '-'}; predicted peak: {r['predicted_moment']}{extra}[/dim]")
+    t = rows[0].get("tracker") or {}
+    if t.get("slowdown"):
+        console.print(f"[dim]the live-bytes window (iteration {t['iteration']}, every operator "
+                      f"through Python) took {t['slowdown']:.1f}x the median iteration; it is left "
+                      f"out of the timings[/dim]")

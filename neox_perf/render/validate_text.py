@@ -5,6 +5,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .check_text import coverage_line
+from .report_text import print_memory
 
 
 def _err(v) -> str:
@@ -41,6 +42,11 @@ def render(result, console) -> None:
             cells.append("-" if p == 0 and m == 0 else f"{p:.3f}/{m:.3f}")
         comp.add_row(", ".join(c.rsplit("/", 1)[-1] for c in r.config), *cells)
     console.print(comp)
+    for r in result.results:
+        if getattr(r, "memory", None):
+            name = ", ".join(c.rsplit("/", 1)[-1] for c in r.config)
+            print_memory(r.memory, f"{name}: memory per GPU at the peak (predicted / measured, "
+                                   f"error)", console)
     if result.mape is not None:
         console.print(f"mean absolute error {100 * result.mape:.1f}% over {len(result.results)} "
                       f"config(s); largest {100 * result.max_abs_error:.1f}%; mean signed "

@@ -45,7 +45,8 @@ def rebuild(record: Dict[str, Any], facts: Dict[str, Any], cluster_gpn: Optional
         rv = raw_vocab(cfg.model.tokenizer_type, cfg.model.vocab_file, None, [])
         vocab = rv.size
         notes.append(f"raw vocabulary {vocab} ({rv.source})")
-    derived = derive(cfg, int(vocab))
+    # a CPU run's memory is predicted as on that device (NeoX's rotary caches live there)
+    derived = derive(cfg, int(vocab), device="cpu" if facts.get("device_type") == "cpu" else "cuda")
     engine_parts = facts.get("parts")
     if engine_parts and list(derived.parts) != list(engine_parts):
         notes.append(f"DeepSpeed partitioned the layers as {engine_parts}; the config derives "

@@ -351,6 +351,30 @@ def build(run_dir: str, cluster: Optional[str] = None, profile=None, top: int = 
         "windows": {"setting": ref.get("windows_setting"),
                     "iterations_profiled": {s["rank"]: s.get("window_iterations") for s in ranks}},
         "prediction": {k: pred.get(k) for k in ("profile", "breakdown", "extrapolated", "critical_stage")},
+        "memory": _memory(ranks, ref, notes, iters.get("median")),
         "samples": _samples(run_dir),
         "notes": list(dict.fromkeys(notes + (pred.get("notes") or []))),
     }
+
+
+def _memory(ranks: List[dict], ref: dict, notes: List[str],
+            median: Optional[float]) -> List[dict]:
+    """Predicted vs measured peak live bytes per stage (runs/memory.py), with what measuring
+    cost: the window's iteration against the median of the others."""
+    from . import memory
+    if not any(memory.live_of(s) for s in ranks):
+        pending = [(s.get("memory") or {}).get("live") for s in ranks]
+        errors = [p.get("error") for p in pending if p and p.get("error")]
+        if errors:
+            notes.append(f"memory not measured: {errors[0]}")
+        return []
+    try:
+        _, derived, _ = prediction.rebuild(ref.get("config") or {}, ref.get("facts") or {})
+    except Exception as exc:  # the time report stands without it
+        notes.append(f"memory not predicted ({exc.__class__.__name__}: {exc})")
+        return []
+    rows = memory.stage_rows(ranks, derived)
+    for r in rows:
+        sec = r["tracker"].get("iteration_seconds")
+        r["tracker"]["slowdown"] = sec / median if sec and median else None
+    return rows

@@ -26,7 +26,8 @@ CONTRACT = {
                 "data_parallel_size", "model_parallel_size", "pipeline_stages",
                 "micro_batches_per_iteration"},
     "stage": {"index", "layers", "layer_names", "transformer_layers", "parameters", "memory_bytes",
-              "memory", "capacity_bytes"},
+              "memory", "capacity_bytes", "device_memory_bytes", "device_memory_terms",
+              "usable_capacity_bytes", "memory_columns"},
     "parameters": {"total", "per_rank_max", "neox_logged"},
     "verdict": {"code", "level", "message", "key", "file", "fix"},
 }
@@ -44,6 +45,20 @@ def test_json_contract_without_cluster():
     assert data["prediction"] is None and data["cluster"] is None
     assert data["derived"]["data_parallel_size"] == 8
     assert sum(s["transformer_layers"] for s in data["stages"]) == 44
+
+
+def test_json_stage_memory_adds_up():
+    """Every byte of a stage's device total is in one column; the allocated peak is the sum of
+    what is live at it; the device terms are named."""
+    code, out, _ = run(["check", str(EXAMPLES / "gpt-20b.yml"), "--gpus", "128", "--json",
+                        "--cluster", "perlmutter-a100"])
+    data = json.loads(out)
+    for s in data["stages"]:
+        assert sum(s["memory_columns"].values()) == s["device_memory_bytes"]
+        assert sum(s["memory"]["peak"].values()) == s["memory_bytes"]
+        assert s["device_memory_bytes"] == s["memory_bytes"] + sum(s["device_memory_terms"].values())
+        assert {"allocator reserve", "CUDA context", "NCCL buffers"} <= set(s["device_memory_terms"])
+        assert s["usable_capacity_bytes"] < s["capacity_bytes"]
 
 
 def test_verdict_keys_pinned(write_yaml):

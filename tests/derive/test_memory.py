@@ -1,18 +1,21 @@
-"""Per-stage memory: model states per DeepSpeed wrapper, activations under 1F1B + checkpointing."""
+"""Per-stage memory: model states per DeepSpeed wrapper, NeoX's saved tensors under 1F1B and
+checkpointing, the peak's components, and the device terms above it."""
 from dataclasses import replace
 
 import pytest
 
 from neox_perf.derive import DeriveOptions, derive, optimizer_state_bytes
-from neox_perf.derive.memory import ActivationContext, transformer_activation
+from neox_perf.derive.activations import ActivationContext, transformer_saved
+from neox_perf.derive.device_memory import TERMS, usable
+from neox_perf.derive.memory import COLUMNS, COMPONENTS, columns
 
 from derive_specs import RAW_VOCAB_20B, make_config, with_parallel
 
 GIB = 2 ** 30
 
 
-def mem(config, raw_vocab=1000, gpu=None):
-    return [s.memory for s in derive(config, raw_vocab, gpu).stages]
+def mem(config, raw_vocab=1000, gpu=None, device="cuda"):
+    return [s.memory for s in derive(config, raw_vocab, gpu, device=device).stages]
 
 
 def small(**kw):
@@ -21,6 +24,8 @@ def small(**kw):
     return make_config(**dict(base, **kw))
 
 
+# -- model states: which wrapper DeepSpeed builds ------------------------------------------------
+
 def test_fp16_adam_no_zero_is_16_bytes_per_param():
     d = derive(small(world_size=1), 1000)
     m = d.stages[0].memory
@@ -28,7 +33,7 @@ def test_fp16_adam_no_zero_is_16_bytes_per_param():
     assert m.optimizer_wrapper == "FP16_Optimizer"
     assert (m.weights, m.gradients, m.master_weights, m.optimizer_states) == (2 * p, 2 * p, 4 * p, 8 * p)
     assert m.persistent == 16 * p
-    assert m.step_transient == 4 * p  # flat fp32 grads inside step()
+    assert m.step_transient == 8 * p  # fp32 copies of the grads, flattened, inside step()
 
 
 def test_fp32_no_master_copy():
@@ -45,8 +50,10 @@ def test_zero1_shards_optimizer_states_by_dp(neox20b):
     assert b.optimizer_states == pytest.approx(a.optimizer_states / 2, rel=1e-9)
     assert b.master_weights == pytest.approx(a.master_weights / 2, rel=1e-9)
     assert b.weights == a.weights  # ZeRO-1 keeps every fp16 weight ...
-    assert b.gradients > a.gradients / 2  # ... and the full fp16 gradients
-    assert a.zero_buffers == 1_260_000_000 * 2  # one contiguous reduce bucket (pipeline path)
+    assert b.gradients == a.gradients  # ... and every fp16 param.grad through backward
+    # the 20B config overlaps communication: the gradient hooks allocate two contiguous
+    # reduce buckets of reduce_bucket_size fp16 elements at the first backward
+    assert a.zero_buffers == 2 * 1_260_000_000 * 2
 
 
 def test_zero2_shards_gradients():
@@ -57,13 +64,15 @@ def test_zero2_shards_gradients():
     assert two.memory.gradients == pytest.approx(2 * p / 8, abs=1)
 
 
-def test_bf16_pipeline_uses_bf16_optimizer():
+def test_bf16_pipeline_uses_bf16_optimizer_with_persistent_gradients():
     d = derive(small(precision="bfloat16", world_size=4), 1000)
     m, p = d.stages[0].memory, d.stages[0].params_per_rank
     assert m.optimizer_wrapper == "BF16_Optimizer"
     assert m.master_weights == pytest.approx(4 * p / 4, abs=1)
     assert m.optimizer_states == pytest.approx(8 * p / 4, abs=1)
     assert m.gradients == 4 * p  # bf16 param.grad + bf16 accumulation buffer
+    # they live through the whole run: the first backward of an iteration already has them
+    assert m.peak["gradients"] == m.gradients
     cfg = small(precision="bfloat16", world_size=4, values={"data_types": {"grad_accum_dtype": "fp32"}})
     d = derive(cfg, 1000)
     assert d.stages[0].memory.gradients == 6 * p
@@ -85,21 +94,79 @@ def test_cpu_adam_keeps_states_off_gpu():
     assert m.optimizer_states == 0 and m.master_weights == 0
 
 
-def test_checkpointing_reduces_activations():
-    plain = mem(small(pipe_parallel_size=2, world_size=2))
-    ckpt = mem(small(pipe_parallel_size=2, world_size=2, checkpoint_activations=True))
-    for a, b in zip(plain, ckpt):
-        assert b.activations < a.activations / 5
-        assert b.recompute > 0 and a.recompute == 0
+# -- what one micro-batch keeps --------------------------------------------------------------
 
 
-def test_checkpoint_chunks_of_two_layers_keep_fewer_inputs():
-    one = mem(small(checkpoint_activations=True, checkpoint_num_layers=1))[0]
-    two = mem(small(checkpoint_activations=True, checkpoint_num_layers=2))[0]
-    assert two.recompute > one.recompute
-    # stage spec list [Emb, _pre, L0..L7, _post, Norm, Head]: chunks of 2 from the start keep
-    # [L0, L1]...[L6, L7] checkpointed -> 4 inputs instead of 8.
-    assert two.activations < one.activations
+class _Layer:
+    name, attention_type, moe = "ParallelTransformerLayerPipe", "global", False
+
+
+def _ctx(cfg, **kw):
+    fields = dict(model=cfg.model, micro_batch=2, tp=1, seq_div=1, act_bytes=4,
+                  opts=DeriveOptions(), partition_activations=False, pipelined=True,
+                  precision="fp32", param_bytes=4)
+    fields.update(kw)
+    return ActivationContext(**fields)
+
+
+def test_a_neox_layer_keeps_what_the_hook_measured_on_cpu():
+    """NeoX's ParallelTransformerLayer in fp32 (layernorm, MHA, TorchScript rotary, gelu, no
+    dropout), s 256, b 2, h 256, 4 heads: the hook measured 12,066,816 bytes recomputed by a
+    checkpointed layer (benchmarks/memory_table.py, layout ckpt): per token 19 h + a s floats
+    (input norm output, QKV output, rotated q and k, the -x2 halves, probabilities, context,
+    attention output + residual, post-attention norm output, gelu input and output, the layer
+    output) and the two norms' mean and rstd."""
+    cfg = make_config(hidden_size=256, num_attention_heads=4, seq_length=256,
+                      max_position_embeddings=256, pos_emb="rotary")
+    items = dict(transformer_saved(_ctx(cfg), _Layer()))
+    assert sum(items.values()) == 12_066_816
+    tokens = 512
+    assert items["attention probabilities"] == 4 * 4 * 256 * 256 * 2
+    assert items["rotate_half -x2 (TorchScript)"] == 4 * 256 * tokens
+    # learned positions: no rotated copies of q and k, no -x2 halves
+    learned = dict(transformer_saved(_ctx(replace(cfg, model=replace(cfg.model, pos_emb="learned"))),
+                                     _Layer()))
+    assert sum(items.values()) - sum(learned.values()) == 4 * 3 * 256 * tokens
+
+
+def test_fp16_paths_keep_half_tensors_and_fp32_where_neox_upcasts():
+    cfg = make_config(hidden_size=1024, num_attention_heads=16, seq_length=1024, pos_emb="rotary")
+    half = dict(transformer_saved(_ctx(cfg, act_bytes=2, precision="fp16", micro_batch=1), _Layer()))
+    full = dict(transformer_saved(_ctx(cfg, micro_batch=1), _Layer()))
+    assert half["attention probabilities"] * 2 == full["attention probabilities"]
+    assert half["input norm mean, rstd"] == full["input norm mean, rstd"]  # fp32 either way
+    fp32_softmax = dict(transformer_saved(_ctx(cfg, act_bytes=2, precision="fp16", micro_batch=1,
+                                               opts=DeriveOptions(attention_softmax_in_fp32=True)),
+                                          _Layer()))
+    assert "attention probabilities fp32" in fp32_softmax
+    # bf16 runs the eager rotary: no TorchScript halves
+    bf16 = dict(transformer_saved(_ctx(cfg, act_bytes=2, precision="bfloat16", micro_batch=1), _Layer()))
+    assert "rotate_half -x2 (TorchScript)" not in bf16 and "rotate_half -x2 (TorchScript)" in half
+
+    class Flash(_Layer):
+        attention_type = "flash"
+    flash = dict(transformer_saved(_ctx(cfg, act_bytes=2, precision="bfloat16", micro_batch=1), Flash()))
+    assert not any("probabilities" in k for k in flash) and "flash logsumexp fp32" in flash
+
+
+# -- the stage's peak ----------------------------------------------------------------------------
+
+
+def test_the_peak_adds_up_and_the_table_columns_hold_every_byte(neox20b):
+    for m in mem(neox20b, RAW_VOCAB_20B, 40 * GIB):
+        assert set(m.peak) == set(COMPONENTS)
+        assert sum(m.peak.values()) == m.total == max(m.backward_peak, m.step_peak)
+        assert m.device_total == m.total + sum(m.device_terms.values())
+        assert set(m.device_terms) == set(TERMS)
+        cols = columns(m)
+        assert list(cols) == [c for c, _ in COLUMNS] + ["device overhead"]
+        assert sum(cols.values()) == m.device_total
+        assert m.headroom == usable(40 * GIB) - m.device_total
+
+
+def test_a_cpu_run_has_no_device_terms():
+    for m in mem(small(precision="fp32"), device="cpu"):
+        assert m.device_terms == {} and m.device_total == m.total
 
 
 def test_stage0_holds_more_micro_batches_than_last(neox20b):
@@ -113,58 +180,29 @@ def test_stage0_holds_more_micro_batches_than_last(neox20b):
     assert [s.memory.micro_batches_in_flight for s in few.stages] == [2, 2, 2, 1]
 
 
-def test_logits_on_last_stage_embedding_on_first(neox20b):
+def test_checkpointing_keeps_inputs_and_recomputes_one_chunk():
+    plain = mem(small(pipe_parallel_size=2, world_size=2))
+    ckpt = mem(small(pipe_parallel_size=2, world_size=2, checkpoint_activations=True))
+    for a, b in zip(plain, ckpt):
+        assert b.activations < a.activations / 5
+        assert b.recompute > 0 and a.recompute == 0
+
+
+def test_checkpoint_chunks_of_two_layers_keep_fewer_inputs():
+    one = mem(small(checkpoint_activations=True, checkpoint_num_layers=1))[0]
+    two = mem(small(checkpoint_activations=True, checkpoint_num_layers=2))[0]
+    assert two.recompute > one.recompute
+    assert two.activations < one.activations
+
+
+def test_logits_live_on_the_last_stage_only(neox20b):
     stages = derive(neox20b, RAW_VOCAB_20B).stages
     assert stages[-1].memory.logits > 0 and all(s.memory.logits == 0 for s in stages[:-1])
-    assert stages[0].memory.embedding > 0 and all(s.memory.embedding == 0 for s in stages[1:])
-    # b * s * V/mp * (2 fp16 logits + 4 fp32 loss copy) + 2-byte gradient, plus the head input.
-    b, s, v, h = 4, 2048, 50432 // 2, 6144
-    assert stages[-1].memory.logits == b * s * v * (2 + 4) + b * s * v * 2 + 2 * h * b * s
-
-
-def test_headroom(neox20b):
-    stages = derive(neox20b, RAW_VOCAB_20B, 40 * GIB).stages
-    for s in stages:
-        assert s.memory.headroom == 40 * GIB - s.memory.total
-        assert s.memory.total == max(s.memory.backward_peak, s.memory.step_peak)
-        assert 10 * GIB < s.memory.total < 40 * GIB  # 20B was trained on 40 GB A100s
-    assert derive(neox20b, RAW_VOCAB_20B).stages[0].memory.headroom is None
-
-
-def ctx_for(config, **kw):
-    fields = dict(model=config.model, micro_batch=1, tp=1, seq_div=1, act_bytes=2,
-                  opts=DeriveOptions(hidden_dropout=0.1, attention_dropout=0.1),
-                  partition_activations=False, pipelined=True)
-    fields.update(kw)
-    return ActivationContext(**fields)
-
-
-class _Layer:
-    name, attention_type, moe = "ParallelTransformerLayerPipe", "global", False
-
-
-def test_korthikanti_formula():
-    cfg = make_config(hidden_size=1024, num_attention_heads=16, seq_length=1024, fused_softmax=True)
-    s, b, h, a = 1024, 4, 1024, 16
-    got = transformer_activation(ctx_for(cfg, micro_batch=b), _Layer())
-    assert got == s * b * h * (34 + 5 * a * s / h)
-    # TP without sequence parallelism: sbh (10 + 24/t + 5as/(ht))
-    t = 4
-    got = transformer_activation(ctx_for(cfg, micro_batch=b, tp=t), _Layer())
-    assert got == pytest.approx(s * b * h * (10 + 24 / t + 5 * a * s / (h * t)))
-
-
-def test_no_dropout_and_flash_drop_terms():
-    cfg = make_config(hidden_size=1024, num_attention_heads=16, seq_length=1024, fused_softmax=True)
-    s, b, h, a = 1024, 1, 1024, 16
-    no_drop = ctx_for(cfg, opts=DeriveOptions())
-    # no masks (2 sbh bytes) and no dropout copy of the probabilities: only 2 a s^2 b remain
-    assert transformer_activation(no_drop, _Layer()) == s * b * h * (32 + 2 * a * s / h)
-
-    class Flash(_Layer):
-        attention_type = "flash"
-    flash = transformer_activation(no_drop, Flash())
-    assert flash < s * b * h * 40  # no s^2 term at all
+    assert stages[0].memory.embedding >= 0 and all(s.memory.embedding == 0 for s in stages[1:])
+    # the pipeline's two output slots keep their micro-batch's logits [b, s, V/mp] in fp16
+    b, s, v = 4, 2048, 50432 // 4
+    last = stages[-1].memory
+    assert last.peak["logits"] >= 2 * b * s * v * 2
 
 
 def test_sequence_parallel_and_partition_activations_reduce_memory():
@@ -178,13 +216,17 @@ def test_sequence_parallel_and_partition_activations_reduce_memory():
 
 
 def test_unfused_rmsnorm_keeps_fp32_copies():
-    ln = transformer_activation(ctx_for(make_config(norm="layernorm")), _Layer())
-    rms = transformer_activation(ctx_for(make_config(norm="rmsnorm")), _Layer())
-    assert rms - ln == 2 * (8 - 2) * 64 * 128  # two norms, 8 instead of 2 bytes per element
+    ln = sum(b for _, b in transformer_saved(_ctx(make_config(norm="layernorm"), act_bytes=2,
+                                                  precision="fp16"), _Layer()))
+    rms = sum(b for _, b in transformer_saved(_ctx(make_config(norm="rmsnorm"), act_bytes=2,
+                                                   precision="fp16"), _Layer()))
+    tokens, h = 2 * 128, 64
+    # per norm: x in fp32 and x_normed in fp32, rsqrt [tokens, 1]; LayerNorm's mean and rstd
+    assert rms - ln == 2 * (8 * h * tokens + 4 * tokens - 8 * tokens)
 
 
-def test_zero_buffers_only_at_step_time_with_pipeline(neox20b):
-    m = derive(neox20b, RAW_VOCAB_20B).stages[0].memory
-    assert m.step_peak == m.persistent + m.step_transient + m.zero_buffers
-    assert m.backward_peak == m.persistent + m.activations + m.recompute + m.embedding \
-        + m.logits + m.pipe_buffers
+def test_the_pipeline_reduce_bucket_comes_at_step_time(neox20b):
+    m = derive(neox20b, RAW_VOCAB_20B).stages[-1].memory
+    assert m.step_peak >= m.persistent + m.zero_buffers
+    if m.total == m.step_peak:
+        assert m.peak["buffers"] >= m.zero_buffers and m.peak["activations"] == 0

@@ -73,6 +73,16 @@ def test_windows_parse_and_schedule():
             Windows.parse(bad)
 
 
+def test_memory_window_setting():
+    """PYTHON_NEOX_PERF_MEMORY: which iteration the live-bytes window tracks, or off."""
+    assert settings.parse_memory(None) == settings.MEMORY_ITERATION == 2
+    assert settings.parse_memory("5") == 5 and settings.parse_memory("off") is None
+    for bad in ("0", "x", "-1"):  # the first iteration builds the optimizer's state
+        with pytest.raises(ValueError, match=settings.MEMORY):
+            settings.parse_memory(bad)
+    assert settings.read({settings.RUN_DIR: "/r", settings.MEMORY: "off"}).memory_iteration is None
+
+
 def test_activate_prints_the_exports():
     proc = subprocess.run([sys.executable, "-m", "neox_perf.hooks.activate", "--run-dir", "/tmp/r x",
                            "--cluster", "vista-gh200"], capture_output=True, text=True, timeout=60)

@@ -38,35 +38,14 @@ def test_a_separate_master_copy_is_seen():
     assert got["master_weights"] == got["weights"] and got["optimizer_states"] == 0
 
 
-_PEAK = """
-import json, torch
-from neox_perf.hooks import memory
-model = torch.nn.Linear(64, 64)
-opt = torch.optim.Adam(model.parameters())
-model(torch.randn(8, 64)).sum().backward(); opt.step()
-class E: pass
-e = E(); e.module, e.optimizer = model, opt
-probe = memory.MemoryProbe("cpu"); probe.baseline(e)
-big = torch.ones(64 * 1024 * 1024 // 4); del big  # 64 MiB, touched, then freed
-print(json.dumps(probe.measure(e)))
-"""
-
-
-@pytest.mark.skipif(memory.resident_bytes() is None, reason="no /proc/self/status")
-def test_cpu_peak_is_the_high_water_mark_less_what_was_not_tensors():
-    import json
-    import subprocess
-    import sys
-    # a fresh process: a long test session's allocator reuses resident memory
-    out = subprocess.run([sys.executable, "-c", _PEAK], capture_output=True, text=True,
-                         timeout=300, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
-    got = json.loads(out.stdout.strip().splitlines()[-1])
-    assert got["peak_bytes"] >= 64 * 1024 * 1024
-    assert got["resident_peak_bytes"] >= got["peak_bytes"]
-    rows = {r["component"]: r for r in memory.compare(got, {
-        "weights": got["components"]["weights"], "gradients": 0, "master_weights": 0,
-        "optimizer_states": 2 * got["components"]["optimizer_states"], "persistent": 1,
-        "total": got["peak_bytes"]})}
+def test_compare_lines_state_up_per_component_and_the_peak():
+    model, opt = _trained()
+    got = memory.MemoryProbe("cpu").measure(_Engine(model, opt))
+    assert got["peak_bytes"] is None and "live-bytes" in got["source"]
+    state = got["components"]
+    rows = {r["component"]: r for r in memory.compare(dict(got, peak_bytes=100), {
+        "weights": state["weights"], "gradients": 0, "master_weights": 0,
+        "optimizer_states": 2 * state["optimizer_states"], "persistent": 1, "total": 100})}
     assert rows["weights"]["error"] == 0 and rows["peak"]["error"] == 0
     assert rows["optimizer_states"]["error"] == pytest.approx(1.0)
     assert rows["gradients"]["error"] == pytest.approx(-1.0)

@@ -78,7 +78,17 @@ def test_neox_layout_under_the_hook(name, neox, neox_work):
         rows = {r["component"]: r for r in compare(mem, derived.stages[mem["stage"]].memory)}
         for comp in ("weights", "master_weights", "optimizer_states"):  # exact, ZeRO-1 included
             assert rows[comp]["measured"] == rows[comp]["predicted"], rows
-        assert mem["peak_bytes"] and mem["peak_bytes"] >= rows["persistent"]["measured"]
+    # and at the peak: each stage's live tensor bytes in the hook's window (the third iteration)
+    # against check's prediction for the stage: within 3%, every component within 5% of itself
+    # and 0.1% of the stage (an activation left out of either side is far more)
+    from neox_perf.runs.memory import stage_rows
+    rows = stage_rows(ranks, derived)
+    assert sorted(r["stage"] for r in rows) == list(range(len(derived.stages)))
+    for r in rows:
+        assert abs(r["error"]) <= 0.03, r
+        for c in r["components"]:
+            assert abs(c["error"] or 0) <= 0.05, (r["stage"], c, r["moment"], r["predicted_moment"])
+            assert abs(c["predicted"] - c["measured"]) <= 0.001 * r["measured"], (r["stage"], c)
 
 
 def test_loss_is_bit_identical_with_and_without_the_hook(neox, neox_work):

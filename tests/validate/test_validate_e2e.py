@@ -78,6 +78,18 @@ def test_the_error_is_bounded_on_both_sides(validated):
     assert r.error == pytest.approx(r.predicted_seconds / r.measured_seconds - 1.0)
 
 
+def test_memory_is_measured_beside_the_time(validated):
+    """The workload's live-bytes window (its second iteration, a warm-up one) against the
+    prediction for what it ran (fp32 on this CPU): RMSNorm and the flash layers (the CPU's
+    SDPA flash kernel on the same q, k, v copies NeoX hands flash-attn)."""
+    (r,) = validated[0].results
+    (row,) = r.memory
+    assert row["stage"] == 0 and abs(row["error"]) <= 0.03, row
+    comps = {c["component"]: c for c in row["components"]}
+    for name in ("weights", "gradients", "optimizer_states", "activations"):
+        assert comps[name]["measured"] > 0 and abs(comps[name]["error"]) <= 0.05, comps[name]
+
+
 def test_the_text_names_the_config_and_the_error(validated):
     from rich.console import Console
     from neox_perf.render.validate_text import render
@@ -85,6 +97,7 @@ def test_the_text_names_the_config_and_the_error(validated):
     render(validated[0], Console(file=out, width=200))
     text = out.getvalue()
     assert "tiny.yml, flash.yml" in text and "mean absolute error" in text
+    assert "memory per GPU at the peak" in text
 
 
 def test_a_missing_config_is_a_usage_error(tmp_path):
