@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from .engine_terms import EngineTerms
 from .operators import CommCall, Decomposition, OpCall, StageWork
-from .step_terms import StepTerms, of_profile
+from .step_terms import INSIDE_NODE, StepTerms, of_profile, regime_of
 from .timeline import StageCost, Timeline, simulate_1f1b
 
 
@@ -62,6 +62,10 @@ class IterationEstimate:
     # per "op phase": the shape the profile's samples cover least well (any stage), when the
     # profile can tell (sampled, interpolated, in range, extrapolated and how far)
     coverage: Dict[str, Any] = field(default_factory=dict)
+    # where the job runs, which picks the interval (step_terms.REGIMES), and the share of the
+    # iteration the critical stage spends in collectives that cross nodes
+    regime: str = INSIDE_NODE
+    inter_node_share: float = 0.0
 
 
 _RANK = {"sampled": 0, "in range": 1, "interpolated": 1, "extrapolated": 2}
@@ -105,7 +109,7 @@ class _Cache:
             if getattr(pred, "extrapolated", False):
                 self.extrapolated.add(key)
             self.memo[key] = self.terms.collective(call.purpose, call.nodes * call.gpus_per_node,
-                                                   float(pred.seconds))
+                                                   float(pred.seconds), call.nodes)
         return self.memo[key]
 
     def key(self, call) -> tuple:
@@ -198,15 +202,15 @@ def _stage_times(work: StageWork, cache: _Cache, engine: Optional[EngineTerms] =
 
 
 def _operator_seconds(work: StageWork, cache: _Cache,
-                      micro_batches: int) -> Tuple[Dict[str, float], float]:
-    """Seconds per iteration per operator+phase on one stage, and how many of those seconds
-    come from predictions outside the sampled ranges."""
+                      micro_batches: int) -> Tuple[Dict[str, float], float, float]:
+    """Seconds per iteration per operator+phase on one stage, how many of those seconds come
+    from predictions outside the sampled ranges, and how many from collectives across nodes."""
     out: Dict[str, float] = {}
-    extrapolated = 0.0
+    extrapolated = inter_node = 0.0
     n = work.transformer_layers
 
     def add(calls, times: float, phase: Optional[str] = None):
-        nonlocal extrapolated
+        nonlocal extrapolated, inter_node
         for c in calls:
             if phase is not None and not isinstance(c, OpCall):
                 continue
@@ -216,6 +220,8 @@ def _operator_seconds(work: StageWork, cache: _Cache,
             out[name] = out.get(name, 0.0) + seconds
             if cache.key(c) in cache.extrapolated:
                 extrapolated += seconds
+            if isinstance(c, CommCall) and c.nodes > 1:
+                inter_node += seconds
 
     # each run of calls the host issues as one queue (estimate's layer phases, head, loss), and
     # the device's wait for the host in it, charged as one line per phase
@@ -232,14 +238,24 @@ def _operator_seconds(work: StageWork, cache: _Cache,
     add(work.grad_sync, 1)
     add(work.param_allgather, 1)
     add((work.optimizer,), 1)
-    return {k: v for k, v in out.items() if v > 0}, extrapolated
+    return {k: v for k, v in out.items() if v > 0}, extrapolated, inter_node
+
+
+def _crosses_nodes(decomp: Decomposition) -> bool:
+    """Whether any collective of the iteration crosses a node boundary."""
+    for st in decomp.stages:
+        calls = (st.layer_forward + st.layer_backward + st.forward + st.backward + st.grad_sync
+                 + st.tied_sync + st.param_allgather + (st.send_activation, st.send_gradient))
+        if any(isinstance(c, CommCall) and c.nodes > 1 for c in calls):
+            return True
+    return False
 
 
 def estimate(decomp: Decomposition, profile, terms: Optional[StepTerms] = None) -> IterationEstimate:
     """terms: the step terms to apply (default: the profile's own; fitting passes its trials)."""
     from .timeline import eq7_seconds
     engine = EngineTerms.of(profile, decomp)
-    own_terms, interval = of_profile(profile)
+    own_terms, intervals = of_profile(profile)
     cache = _Cache(profile, engine, own_terms if terms is None else terms)
     times = [_stage_times(w, cache, engine, decomp.pipeline_engine) for w in decomp.stages]
     costs = [StageCost(forward=t.forward, backward=t.backward, send_activation=t.send_activation,
@@ -268,14 +284,18 @@ def estimate(decomp: Decomposition, profile, terms: Optional[StepTerms] = None) 
         "tied_allreduce": max(t.tied_allreduce for t in times),
         "engine": max(t.engine for t in times),
     }
-    operators, extrapolated = _operator_seconds(decomp.stages[crit], cache, m)
+    operators, extrapolated, inter_node = _operator_seconds(decomp.stages[crit], cache, m)
     seconds = tl.iteration_seconds
+    regime = regime_of(_crosses_nodes(decomp), decomp.gpus_per_node)
+    interval = intervals.of(regime) if intervals is not None else None
+    inter_share = min(inter_node / seconds, 1.0) if seconds > 0 else 0.0
     return IterationEstimate(
         iteration_seconds=seconds, timeline=tl, stages=tuple(times),
         breakdown=breakdown, operators=operators,
         flags=tuple(Flag(k, v) for k, v in sorted(cache.flags.items())),
         eq7_seconds=eq7_seconds(costs, m),
-        interval_seconds=interval.around(seconds, extrapolated / seconds) if interval and seconds > 0
-        else None,
+        interval_seconds=interval.around(seconds, extrapolated / seconds, inter_share)
+        if interval and seconds > 0 else None,
         extrapolated_share=extrapolated / seconds if seconds > 0 else 0.0,
-        coverage=dict(sorted(cache.coverage.items())))
+        coverage=dict(sorted(cache.coverage.items())),
+        regime=regime, inter_node_share=inter_share)

@@ -110,6 +110,7 @@ class Decomposition:
     zero_stage: int = 0
     precision: str = ""  # what the run computes in (fp16 | bfloat16 | fp32)
     pipeline_engine: bool = False  # DeepSpeed's PipelineEngine (pipe_parallel_size >= 1) runs it
+    gpus_per_node: int = 1  # of the cluster the ranks are placed on
 
 
 def stage_shapes(derived, transformer_layers: Optional[Sequence[int]] = None) -> List[StageShape]:
@@ -364,4 +365,4 @@ def decompose(cfg: NeoxConfig, padded_vocab: int, stages: Sequence[StageShape],
         notes.append(FP32_FROM_FP16)
     return Decomposition(tuple(out), tr.gradient_accumulation_steps, dt, tuple(dict.fromkeys(notes)),
                          zero_stage=tr.zero_stage, precision=run_precision,
-                         pipeline_engine=par.pipe_parallel_size >= 1)
+                         pipeline_engine=par.pipe_parallel_size >= 1, gpus_per_node=gpn)

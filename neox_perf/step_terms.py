@@ -13,14 +13,17 @@ Also here: the interval a profile's measured residuals put around every predicti
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 # Operators whose time is set by arithmetic throughput; the rest are memory-bound.
 COMPUTE_BOUND = frozenset({"linear1", "linear2", "linear3", "linear4", "linear_final", "qk", "av",
                            "flash_attention"})
 FITTED = ("compute_scale", "memory_scale", "dispatch_s", "tp_sync_s", "p2p_s", "micro_batch_s",
-          "pipeline_micro_batch_s", "step_s", "queue_coupling")
+          "pipeline_micro_batch_s", "step_s", "queue_coupling", "dp_inter_node_scale")
+# the collectives of data parallelism: the whole job's gradient all-reduce after backward and
+# ZeRO's parameter all-gather after the step
+DATA_PARALLEL = frozenset({"dp_allreduce", "dp_allgather"})
 
 
 @dataclass(frozen=True)
@@ -41,13 +44,19 @@ class StepTerms:
     # how far a phase's host issue and device work fail to overlap where neither dominates:
     # 0 is a perfect queue (the longer of the two), 1 none (their sum); see issued()
     queue_coupling: float = 0.0
+    # in-situ time of a data-parallel collective that crosses nodes over its isolated prediction.
+    # It runs once per step with every rank of the job in it, after a long phase each rank ran
+    # on its own, through the whole fabric at once: multi-node runs show it well below what an
+    # isolated all-reduce of the same group reaches (tensor-parallel all-reduces across nodes,
+    # issued every layer, show no such loss: a fit that scales them too puts it at 0)
+    dp_inter_node_scale: float = 1.0
 
     def __post_init__(self):
         for f in fields(self):
             v = getattr(self, f.name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"step term {f.name} must be a finite number >= 0, got {v!r}")
-        if self.compute_scale <= 0 or self.memory_scale <= 0:
+        if self.compute_scale <= 0 or self.memory_scale <= 0 or self.dp_inter_node_scale <= 0:
             raise ValueError("step term scales must be > 0")
 
     @property
@@ -82,10 +91,13 @@ class StepTerms:
     def per_micro_batch(self, pipeline_engine: bool) -> float:
         return self.micro_batch_s + (self.pipeline_micro_batch_s if pipeline_engine else 0.0)
 
-    def collective(self, purpose: str, ranks: int, seconds: float) -> float:
-        """In-situ seconds of a collective the samples time at `seconds` in isolation."""
+    def collective(self, purpose: str, ranks: int, seconds: float, nodes: int = 1) -> float:
+        """In-situ seconds of a collective of `ranks` ranks over `nodes` nodes that the samples
+        (or the link model) time at `seconds` in isolation."""
         if seconds <= 0:
             return seconds
+        if purpose in DATA_PARALLEL and nodes > 1:
+            return seconds * self.dp_inter_node_scale
         if purpose == "mp_allreduce":
             return seconds + self.tp_sync_s * math.log2(max(ranks, 2))
         if purpose == "pp_p2p":
@@ -110,17 +122,90 @@ class Interval:
     lo_ratio: float  # 10th percentile of measured / predicted
     hi_ratio: float  # 90th percentile
     widen_per_extrapolated: float = 0.0  # extra relative width per unit share of extrapolated time
+    # extra relative height of the high end per unit share of the iteration spent in collectives
+    # that cross nodes: where the evidence is an uncertainty and not a measured term (a fabric
+    # nobody measured under a real job), the interval is skewed upward, not the point moved
+    upward_per_inter_node: float = 0.0
 
-    def around(self, seconds: float, extrapolated_share: float = 0.0) -> Tuple[float, float]:
+    def around(self, seconds: float, extrapolated_share: float = 0.0,
+               inter_node_share: float = 0.0) -> Tuple[float, float]:
         w = self.widen_per_extrapolated * max(0.0, min(1.0, extrapolated_share))
-        return seconds * self.lo_ratio / (1.0 + w), seconds * self.hi_ratio * (1.0 + w)
+        up = self.upward_per_inter_node * max(0.0, min(1.0, inter_node_share))
+        return seconds * self.lo_ratio / (1.0 + w), seconds * self.hi_ratio * (1.0 + w) * (1.0 + up)
+
+    def widened(self, relative: float) -> "Interval":
+        """Both ends moved out by ``relative`` (terms fitted on another GPU)."""
+        return replace(self, lo_ratio=self.lo_ratio / (1 + relative), hi_ratio=self.hi_ratio * (1 + relative))
+
+    def to_dict(self) -> Dict[str, float]:
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Interval":
         lo, hi = float(data["lo_ratio"]), float(data["hi_ratio"])
         if not (0 < lo <= 1.0 <= hi and math.isfinite(hi)):
             raise ValueError(f"interval ratios must satisfy 0 < lo <= 1 <= hi, got {lo}, {hi}")
-        return cls(lo, hi, float(data.get("widen_per_extrapolated", 0.0)))
+        up = float(data.get("upward_per_inter_node", 0.0))
+        if not (math.isfinite(up) and up >= 0):
+            raise ValueError(f"upward_per_inter_node must be a finite number >= 0, got {up}")
+        return cls(lo, hi, float(data.get("widen_per_extrapolated", 0.0)), up)
+
+
+# Where a job runs, for its interval: the residuals differ by regime (cross-validated in
+# benchmarks/endtoend.py), so each regime carries its own. Transferred to another GPU, every
+# regime's interval widens (of_profile).
+INSIDE_NODE, ACROSS_NODES, ONE_NIC_PER_GPU = "inside a node", "across nodes", "one NIC per GPU"
+REGIMES = (INSIDE_NODE, ACROSS_NODES, ONE_NIC_PER_GPU)
+# One GPU (and one NIC) per node: every tensor-parallel, pipeline and data-parallel collective
+# crosses the fabric. No measured runs of such a cluster are in the development sets, and the
+# public evidence is an uncertainty, not a term: the published samples already run at 92-96% of
+# the NIC's line rate, so a real run can only be slower; NCCL keeps GPUDirect RDMA off by default
+# on GH200, where the NIC sits behind the Grace CPU (NVIDIA/nccl issue 1579); fabric noise at
+# scale costs all-reduces up to half their bandwidth (arXiv 2408.14090), i.e. up to twice their
+# time. So such a job's interval is the across-nodes one with its high end raised by the
+# iteration's inter-node share, once more (x2 on that share).
+ONE_NIC_UPWARD = 1.0
+
+
+def regime_of(crosses_nodes: bool, gpus_per_node: int) -> str:
+    if not crosses_nodes:
+        return INSIDE_NODE
+    return ONE_NIC_PER_GPU if gpus_per_node == 1 else ACROSS_NODES
+
+
+@dataclass(frozen=True)
+class Intervals:
+    """A profile's 80% interval per regime."""
+
+    inside_node: Interval
+    across_nodes: Interval
+
+    def of(self, regime: str) -> Interval:
+        if regime == INSIDE_NODE:
+            return self.inside_node
+        if regime == ACROSS_NODES:
+            return self.across_nodes
+        if regime == ONE_NIC_PER_GPU:
+            return replace(self.across_nodes, upward_per_inter_node=ONE_NIC_UPWARD)
+        raise ValueError(f"unknown regime {regime!r}; known: {', '.join(REGIMES)}")
+
+    def widened(self, relative: float) -> "Intervals":
+        return Intervals(self.inside_node.widened(relative), self.across_nodes.widened(relative))
+
+    @classmethod
+    def single(cls, interval: Interval) -> "Intervals":
+        """One interval for every regime (a profile measured on one machine only)."""
+        return cls(interval, interval)
+
+    @classmethod
+    def from_section(cls, section: Mapping[str, Any]) -> Optional["Intervals"]:
+        """From a step_terms section: `interval` (inside a node; older profiles carry only this,
+        and then it serves every regime) and `intervals.across_nodes`."""
+        if not section.get("interval"):
+            return None
+        inside = Interval.from_dict(section["interval"])
+        across = (section.get("intervals") or {}).get("across_nodes")
+        return cls(inside, Interval.from_dict(across) if across else inside)
 
 
 # A calibrated profile's own validation runs (neox_perf/profile_validation.py): once there are
@@ -129,13 +214,13 @@ VALIDATION_SECTION = "validation"
 VALIDATION_MIN_RUNS = 5  # an 80% interval needs a tail on each side: fewer cannot place one
 
 
-def of_profile(profile) -> Tuple[StepTerms, Optional[Interval]]:
-    """The step terms and interval a profile's manifest carries (identity and None without);
+def of_profile(profile) -> Tuple[StepTerms, Optional[Intervals]]:
+    """The step terms and intervals a profile's manifest carries (identity and None without);
     a calibrated profile's interval from its own validation runs comes first.
 
     Terms measured on one GPU and applied to another (a description transferred to another
     GPU, or a profile whose end-to-end runs came from elsewhere) keep their values, but the
-    interval widens by the section's `other_gpu_widen`: the operator error measured when one
+    intervals widen by the section's `other_gpu_widen`: the operator error measured when one
     GPU's samples predict another's (benchmarks/transfer_gpu.py)."""
     manifest = getattr(profile, "manifest", None) or {}
     section = manifest.get("step_terms") or {}
@@ -143,15 +228,13 @@ def of_profile(profile) -> Tuple[StepTerms, Optional[Interval]]:
     own = manifest.get(VALIDATION_SECTION) or {}
     if own.get("interval") and len(own.get("runs") or []) >= VALIDATION_MIN_RUNS:
         # measured on this profile's own machine: nothing to widen for another GPU
-        return terms, Interval.from_dict(own["interval"])
-    interval = Interval.from_dict(section["interval"]) if section.get("interval") else None
+        return terms, Intervals.single(Interval.from_dict(own["interval"]))
+    intervals = Intervals.from_section(section)
     fitted_gpu = section.get("fitted_gpu")
     gpu = getattr(getattr(profile, "facts", None), "gpu_name", None)
-    if interval is not None and fitted_gpu and gpu and not _same_gpu(fitted_gpu, gpu):
-        widen = float(section.get("other_gpu_widen", 0.0))
-        interval = Interval(interval.lo_ratio / (1 + widen), interval.hi_ratio * (1 + widen),
-                            interval.widen_per_extrapolated)
-    return terms, interval
+    if intervals is not None and fitted_gpu and gpu and not _same_gpu(fitted_gpu, gpu):
+        intervals = intervals.widened(float(section.get("other_gpu_widen", 0.0)))
+    return terms, intervals
 
 
 def _same_gpu(a: str, b: str) -> bool:

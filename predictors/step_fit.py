@@ -32,10 +32,10 @@ from neox_perf.step_terms import FITTED, StepTerms
 BOUNDS = {"compute_scale": (1.0, 2.0), "memory_scale": (1.0, 3.0), "dispatch_s": (0.0, 5e-4),
           "tp_sync_s": (0.0, 2e-3), "p2p_s": (0.0, 2e-2), "micro_batch_s": (0.0, 0.05),
           "pipeline_micro_batch_s": (0.0, 0.05),
-          "step_s": (0.0, 0.5), "queue_coupling": (0.0, 1.0)}
+          "step_s": (0.0, 0.5), "queue_coupling": (0.0, 1.0), "dp_inter_node_scale": (1.0, 8.0)}
 _STEP = {"compute_scale": 0.01, "memory_scale": 0.01, "dispatch_s": 1e-6, "tp_sync_s": 1e-6,
          "p2p_s": 1e-5, "micro_batch_s": 1e-5, "pipeline_micro_batch_s": 1e-5, "step_s": 1e-5,
-         "queue_coupling": 0.01}
+         "queue_coupling": 0.01, "dp_inter_node_scale": 0.01}
 
 
 @dataclass(frozen=True)
@@ -46,20 +46,24 @@ class Case:
     decomposition: object
     measured: float
     label: str = ""
+    # the cluster the run was measured on, when it is not the one the caller passes (one fit
+    # over several development sets: single-node runs and multi-node runs on other nodes)
+    profile: object = None
 
 
-def prepare(runs, build: Callable, key: Callable = lambda r: r.layout) -> List[Case]:
+def prepare(runs, build: Callable, key: Callable = lambda r: r.layout, profile=None) -> List[Case]:
     """Cases from runs; ``build(run) -> (cfg, derived)`` reads each as a NeoX config."""
     cases = []
     for run in runs:
         cfg, derived = build(run)
         decomp = decompose(cfg, derived.padded_vocab, stage_shapes(derived))
-        cases.append(Case(key(run), decomp, float(run.seconds), str(run)))
+        cases.append(Case(key(run), decomp, float(run.seconds), str(run), profile))
     return cases
 
 
 def predict_all(cases: Sequence[Case], profile, terms: StepTerms) -> np.ndarray:
-    return np.array([estimate(c.decomposition, profile, terms).iteration_seconds for c in cases])
+    return np.array([estimate(c.decomposition, c.profile or profile, terms).iteration_seconds
+                     for c in cases])
 
 
 def linearise(cases: Sequence[Case], profile, terms: StepTerms,
