@@ -43,6 +43,10 @@ class StageTimes:
     optimizer: float
     param_allgather: float
     engine: float = 0.0  # seconds per iteration the engine terms add here (TP all-reduces aside)
+    # seconds per micro-batch of the all-gathers that rebuild the pipeline's partitioned
+    # activation (forward) and gradient (backward) over the tensor-parallel group; inside
+    # forward / backward, where the receiving rank spends them (operators._partition_allgathers)
+    pp_allgather: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -192,7 +196,8 @@ def _stage_times(work: StageWork, cache: _Cache, engine: Optional[EngineTerms] =
         send_activation=cache.time(work.send_activation) if work.send_activation else 0.0,
         send_gradient=cache.time(work.send_gradient) if work.send_gradient else 0.0,
         grad_allreduce=grad_sync, tied_allreduce=cache.total(work.tied_sync),
-        optimizer=optimizer, param_allgather=cache.total(work.param_allgather))
+        optimizer=optimizer, param_allgather=cache.total(work.param_allgather),
+        pp_allgather=cache.comm(work.forward, "pp_allgather") + cache.comm(work.backward, "pp_allgather"))
     if engine is None:
         return times
     plain = _stage_times(work, cache, None, pipeline_engine)
@@ -281,6 +286,7 @@ def estimate(decomp: Decomposition, profile, terms: Optional[StepTerms] = None) 
         "update": c.get("update_seconds", 0.0),
         "mp_allreduce": times[crit].mp_allreduce * m,
         "pp_p2p": c.get("pp_p2p_seconds", 0.0),
+        "pp_allgather": times[crit].pp_allgather * m,
         "tied_allreduce": max(t.tied_allreduce for t in times),
         "engine": max(t.engine for t in times),
     }

@@ -10,7 +10,9 @@ and DeepSpeed's real code:
   branches share a single forward reduction. VocabParallelEmbedding reduces in forward; the
   column-parallel head reduces its input gradient in backward.
 - pipeline: DeepSpeed partitions the p2p activation over the tensor-parallel ranks
-  (PipelineEngine.is_pipe_partitioned = is_model_parallel), so each rank sends b*l*d/mp.
+  (PipelineEngine.is_pipe_partitioned = is_model_parallel), so each rank sends b*l*d/mp, and
+  all-gathers it back over the tensor-parallel group where it is needed (pp_allgather, see
+  _partition_allgathers).
 - data parallel (runtime/engine.py, runtime/zero/stage_1_and_2.py): without ZeRO the engine
   all-reduces the flattened gradients in MEMORY_OPT_ALLREDUCE_SIZE (5e8) buckets whatever the
   config says; ZeRO-1/2 all-reduce them whole in reduce_bucket_size buckets (reduce_scatter
@@ -58,7 +60,8 @@ class OpCall:
 @dataclass(frozen=True)
 class CommCall:
     kind: str  # allreduce | allgather | p2p
-    purpose: str  # mp_allreduce | dp_allreduce | dp_allgather | pp_p2p | tied_allreduce
+    # mp_allreduce | dp_allreduce | dp_allgather | pp_p2p | tied_allreduce | pp_allgather
+    purpose: str
     phase: str  # fwd | bwd | step
     elements: float  # fp16 elements per rank, as the collective samples define them
     nodes: int  # nodes the group spans
@@ -84,8 +87,10 @@ class StageWork:
     transformer_layers: int
     layer_forward: Tuple[object, ...]  # one transformer layer's fwd calls (count = per layer)
     layer_backward: Tuple[object, ...]
-    forward: Tuple[object, ...]  # non-layer fwd calls of the stage (embedding, head, loss)
-    backward: Tuple[object, ...]  # non-layer bwd calls
+    # non-layer calls of the stage per micro-batch (embedding, head, loss, and the all-gathers
+    # that rebuild the pipeline's partitioned tensors, which open its forward / backward)
+    forward: Tuple[object, ...]
+    backward: Tuple[object, ...]
     recompute_layers: int  # layers whose forward reruns in backward (activation checkpointing)
     send_activation: Optional[CommCall]
     send_gradient: Optional[CommCall]
@@ -269,6 +274,50 @@ def param_tensors(cfg: NeoxConfig, st: "StageShape") -> int:
     return n
 
 
+def _partition_allgathers(index: int, num_stages: int, mp: int, elements: float,
+                          mp_group: Tuple[int, int]) -> Tuple[Tuple[CommCall, ...], Tuple[CommCall, ...]]:
+    """(forward, backward) all-gathers of one micro-batch with which DeepSpeed's PipelineEngine
+    rebuilds the tensors it partitions over the tensor-parallel ranks for the p2p.
+
+    With model parallelism PipelineEngine sets is_pipe_partitioned and is_grad_partitioned
+    (deepspeed/runtime/pipe/engine.py: is_model_parallel and the config's pipeline
+    pipe_partitioned / grad_partitioned, both True by default; neither NeoX nor
+    Megatron-DeepSpeed changes them). The first tensor of a stage's output (the hidden
+    states) is split into mp equal chunks
+    (runtime/utils.py PartitionedTensor; b*l*d always divides by mp) and each rank sends its
+    own chunk. PartitionedTensor.full() gathers the chunks back with one all_gather_into_tensor
+    over the slice-parallel group (grid.get_slice_parallel_group(): the tensor-parallel ranks,
+    adjacent in DeepSpeed's rank order), each rank contributing b*l*d/mp elements:
+    - forward, every stage but the first: _exec_forward_pass gathers the received activation
+      before running its layers;
+    - backward, every stage but the last: _exec_backward_pass gathers its own output back
+      (its data was freed after the send, autograd needs it whole) and then the received
+      partitioned gradient, before running backward.
+    Both sit on the receiving rank's critical path, after the recv that fed them. Per
+    micro-batch: first stage 0 + 2, middle stages 1 + 2, last stage 1 + 0
+    (tests/workload/test_pipe_partition_collectives.py records them in the real engine).
+    Not priced (docs/pipeline-partitioning.md): the small meta tensor each partitioned send
+    adds (a latency per send, of the kind the fitted p2p step term carries), and the [1, 1, l, l] attention
+    mask NeoX's GPT2ModelPipe sends whole beside the activation (Megatron-DeepSpeed, which
+    the development set ran, keeps it out of the p2p)."""
+    if num_stages < 2 or mp < 2:
+        return (), ()
+    fwd = () if index == 0 else (CommCall("allgather", "pp_allgather", "fwd", elements, *mp_group,
+                                          1, "pipeline"),)
+    bwd = () if index == num_stages - 1 else (CommCall("allgather", "pp_allgather", "bwd", elements,
+                                                       *mp_group, 2, "pipeline"),)
+    return fwd, bwd
+
+
+def _partitioning_changed(cfg: NeoxConfig) -> bool:
+    """Whether the config hands DeepSpeed a pipeline section (NeoX merges deepspeed_extra_args
+    into the DeepSpeed config) that turns either partitioning off."""
+    extra = cfg.values.get("deepspeed_extra_args")
+    pipeline = extra.get("pipeline") if isinstance(extra, dict) else None
+    return isinstance(pipeline, dict) and any(
+        pipeline.get(k, True) is not True for k in ("pipe_partitioned", "grad_partitioned"))
+
+
 # deepspeed/runtime/constants.py: the bucket of the non-ZeRO gradient all-reduce
 MEMORY_OPT_ALLREDUCE_SIZE = 500000000
 
@@ -324,6 +373,9 @@ def decompose(cfg: NeoxConfig, padded_vocab: int, stages: Sequence[StageShape],
             if mp > 1:
                 bwd.append(CommCall("allreduce", "mp_allreduce", "bwd", tokens * d, *mp_group, 1,
                                     "head"))
+        gather_fwd, gather_bwd = _partition_allgathers(st.index, len(stages), mp, tokens * d / mp,
+                                                       mp_group)
+        fwd[:0], bwd[:0] = gather_fwd, gather_bwd
         last = st.index == len(stages) - 1
         send_act = None if last else CommCall("p2p", "pp_p2p", "fwd", tokens * d / mp,
                                               p2p_nodes, p2p_gpn, 1, "pipeline")
@@ -359,6 +411,10 @@ def decompose(cfg: NeoxConfig, padded_vocab: int, stages: Sequence[StageShape],
             activation_elements=float(tokens * (d + mlp_widths(cfg)[0] // mp)),
             logits_elements=float(tokens * vocab) if st.has_head else 0.0,
             param_tensors=param_tensors(cfg, st), params_per_rank=st.params_per_rank))
+    if mp > 1 and len(stages) > 1 and _partitioning_changed(cfg):
+        notes.append("deepspeed_extra_args.pipeline changes pipe_partitioned/grad_partitioned: "
+                     "the p2p is predicted as DeepSpeed's default (partitioned over the "
+                     "tensor-parallel ranks, all-gathered on receipt)")
     if par.sequence_parallel and mp > 1:
         notes.append("sequence_parallel is predicted as plain tensor parallelism")
     if precision is None and tr.precision == "fp32":  # an explicit precision is the caller's word
