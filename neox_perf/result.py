@@ -127,6 +127,8 @@ def _prediction(result: CheckResult) -> Optional[dict]:
         "stages": [_plain(s) for s in est.stages],
         "operators": dict(sorted(est.operators.items(), key=lambda kv: -kv[1])),
         "interval_seconds": list(est.interval_seconds) if est.interval_seconds else None,
+        "regime": est.regime,
+        "inter_node_share": est.inter_node_share,
         "extrapolated_share": est.extrapolated_share,
         "step_terms": _step_terms(result.profile),
         "extrapolated": [{"what": f.what, "reason": f.reason} for f in est.flags],

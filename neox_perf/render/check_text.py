@@ -90,7 +90,7 @@ def _render_prediction(result, console) -> None:
     grid.add_column()
     iv = pred.get("interval_seconds")
     grid.add_row("iteration", f"{_s(est.iteration_seconds)}"
-                 + (f"  80% interval {_s(iv[0])} .. {_s(iv[1])}" if iv else "  (no interval: the "
+                 + (f"  80% interval {_s(iv[0])} .. {_s(iv[1])} ({est.regime})" if iv else "  (no interval: the "
                     "profile carries no measured end-to-end residuals)")
                  + f"  (paper Eq. 7 would say {_s(est.eq7_seconds)})")
     grid.add_row("throughput", f"{pred['tokens_per_second']:,.0f} tokens/s"
