@@ -207,15 +207,15 @@ def _stage_times(work: StageWork, cache: _Cache, engine: Optional[EngineTerms] =
 
 
 def _operator_seconds(work: StageWork, cache: _Cache,
-                      micro_batches: int) -> Tuple[Dict[str, float], float, float]:
-    """Seconds per iteration per operator+phase on one stage, how many of those seconds come
-    from predictions outside the sampled ranges, and how many from collectives across nodes."""
+                      micro_batches: int) -> Tuple[Dict[str, float], float]:
+    """Seconds per iteration per operator+phase on one stage, and how many of those seconds
+    come from predictions outside the sampled ranges."""
     out: Dict[str, float] = {}
-    extrapolated = inter_node = 0.0
+    extrapolated = 0.0
     n = work.transformer_layers
 
     def add(calls, times: float, phase: Optional[str] = None):
-        nonlocal extrapolated, inter_node
+        nonlocal extrapolated
         for c in calls:
             if phase is not None and not isinstance(c, OpCall):
                 continue
@@ -225,8 +225,6 @@ def _operator_seconds(work: StageWork, cache: _Cache,
             out[name] = out.get(name, 0.0) + seconds
             if cache.key(c) in cache.extrapolated:
                 extrapolated += seconds
-            if isinstance(c, CommCall) and c.nodes > 1:
-                inter_node += seconds
 
     # each run of calls the host issues as one queue (estimate's layer phases, head, loss), and
     # the device's wait for the host in it, charged as one line per phase
@@ -243,17 +241,23 @@ def _operator_seconds(work: StageWork, cache: _Cache,
     add(work.grad_sync, 1)
     add(work.param_allgather, 1)
     add((work.optimizer,), 1)
-    return {k: v for k, v in out.items() if v > 0}, extrapolated, inter_node
+    return {k: v for k, v in out.items() if v > 0}, extrapolated
 
 
-def _crosses_nodes(decomp: Decomposition) -> bool:
-    """Whether any collective of the iteration crosses a node boundary."""
-    for st in decomp.stages:
-        calls = (st.layer_forward + st.layer_backward + st.forward + st.backward + st.grad_sync
-                 + st.tied_sync + st.param_allgather + (st.send_activation, st.send_gradient))
-        if any(isinstance(c, CommCall) and c.nodes > 1 for c in calls):
-            return True
-    return False
+def _inter_node_seconds(work: StageWork, cache: _Cache, micro_batches: int) -> Optional[float]:
+    """Seconds per iteration one stage's ranks spend in collectives that cross nodes (its sends
+    and receives included: a pipeline send blocks both ends); None when none crosses."""
+    n, m = work.transformer_layers, micro_batches
+    runs = ((work.layer_forward, (n + work.recompute_layers) * m), (work.layer_backward, n * m),
+            (work.forward, m), (work.backward, m), (work.grad_sync, 1), (work.tied_sync, 1),
+            (work.param_allgather, 1), ((work.send_activation, work.send_gradient), m))
+    seconds, crosses = 0.0, False
+    for calls, times in runs:
+        for c in calls:
+            if isinstance(c, CommCall) and c.nodes > 1:
+                crosses = True
+                seconds += cache.time(c) * c.count * times
+    return seconds if crosses else None
 
 
 def estimate(decomp: Decomposition, profile, terms: Optional[StepTerms] = None) -> IterationEstimate:
@@ -290,11 +294,12 @@ def estimate(decomp: Decomposition, profile, terms: Optional[StepTerms] = None) 
         "tied_allreduce": max(t.tied_allreduce for t in times),
         "engine": max(t.engine for t in times),
     }
-    operators, extrapolated, inter_node = _operator_seconds(decomp.stages[crit], cache, m)
+    operators, extrapolated = _operator_seconds(decomp.stages[crit], cache, m)
     seconds = tl.iteration_seconds
-    regime = regime_of(_crosses_nodes(decomp), decomp.gpus_per_node)
+    across = [s for s in (_inter_node_seconds(w, cache, m) for w in decomp.stages) if s is not None]
+    regime = regime_of(bool(across), decomp.gpus_per_node)
     interval = intervals.of(regime) if intervals is not None else None
-    inter_share = min(inter_node / seconds, 1.0) if seconds > 0 else 0.0
+    inter_share = min(max(across, default=0.0) / seconds, 1.0) if seconds > 0 else 0.0
     return IterationEstimate(
         iteration_seconds=seconds, timeline=tl, stages=tuple(times),
         breakdown=breakdown, operators=operators,

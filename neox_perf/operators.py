@@ -158,6 +158,17 @@ def group_placement(size: int, stride: int, gpus_per_node: int,
     return worst
 
 
+def p2p_placement(boundary: int, stage_ranks: int, gpus_per_node: int) -> Tuple[int, int]:
+    """(nodes, per node) of the sends between stage ``boundary`` and the next: each rank of the
+    stage sends to the rank ``stage_ranks`` after it (pipe is the outermost axis). The pairs run
+    in lockstep, so one pair across a node boundary puts the whole boundary across nodes; where a
+    stage is smaller than a node, some boundaries fall inside a node and some on its edge."""
+    first = boundary * stage_ranks
+    crosses = any(r // gpus_per_node != (r + stage_ranks) // gpus_per_node
+                  for r in range(first, first + min(stage_ranks, gpus_per_node)))
+    return (2, 1) if crosses else (1, 2)
+
+
 def _call(op: str, phase: str, count: float, scope: str, dtype_bytes: int, launches: int = 1,
           **features) -> OpCall:
     feats = tuple(sorted((k, float(v)) for k, v in features.items()))
@@ -347,8 +358,6 @@ def decompose(cfg: NeoxConfig, padded_vocab: int, stages: Sequence[StageShape],
     notes: List[str] = []
     mp_group = group_placement(mp, 1, gpn)
     dp_group = group_placement(dp, mp, gpn)
-    # Adjacent stages are mp*dp ranks apart: same node only if both fit in one.
-    p2p_nodes, p2p_gpn = (1, 2) if mp * dp * 2 <= gpn else (2, 1)
     layer_fwd, layer_bwd = _layer_calls(cfg, dt, mp_group, notes, run_precision)
     recompute = tr.checkpoint_activations
     # fp32_allreduce reduces 16-bit gradients in fp32: twice the bytes of the run's elements
@@ -378,9 +387,10 @@ def decompose(cfg: NeoxConfig, padded_vocab: int, stages: Sequence[StageShape],
         fwd[:0], bwd[:0] = gather_fwd, gather_bwd
         last = st.index == len(stages) - 1
         send_act = None if last else CommCall("p2p", "pp_p2p", "fwd", tokens * d / mp,
-                                              p2p_nodes, p2p_gpn, 1, "pipeline")
+                                              *p2p_placement(st.index, mp * dp, gpn), 1, "pipeline")
         send_grad = None if st.index == 0 else CommCall("p2p", "pp_p2p", "bwd", tokens * d / mp,
-                                                        p2p_nodes, p2p_gpn, 1, "pipeline")
+                                                        *p2p_placement(st.index - 1, mp * dp, gpn), 1,
+                                                        "pipeline")
         grad_sync: Tuple[CommCall, ...] = ()
         gather: Tuple[CommCall, ...] = ()
         if dp > 1:

@@ -114,3 +114,13 @@ def test_bundled_terms_meet_the_multi_node_bar():
         cover = section["interval_coverage"][regime]
         assert cover["coverage"] >= 80.0 and cover["median_width"] <= 30.0
     assert section["terms"]["dp_inter_node_scale"] > 1.0
+
+
+def test_pipeline_sends_cross_nodes_only_on_the_boundaries_that_do():
+    from neox_perf.operators import p2p_placement
+    # stages of 4 ranks on 8-GPU nodes: stages 0,1 share node 0, 2,3 node 1
+    assert [p2p_placement(b, 4, 8) for b in range(3)] == [(1, 2), (2, 1), (1, 2)]
+    # a stage of a node or more: every boundary crosses
+    assert {p2p_placement(b, 8, 8) for b in range(3)} == {(2, 1)}
+    # stages of 3 ranks on 4-GPU nodes: ranks 3 -> 6 and 2 -> 5 straddle nodes
+    assert p2p_placement(0, 3, 4) == (2, 1)
