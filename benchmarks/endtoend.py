@@ -163,7 +163,7 @@ def main(argv=None) -> int:
     print(f"{len(single_runs)} single-node iterations (vTrain, 8-GPU A100 nodes) through "
           f"{profile.name} ({profile.facts.gpu_name}, {gpn} GPUs/node)")
     cases = step_fit.prepare(single_runs, lambda r: devset.build_config(r, gpn),
-                             key=lambda r: (SINGLE,) + r.layout)
+                             key=lambda r: (SINGLE,) + r.layout, pipe_sends_mask=devset.PIPE_SENDS_MASK)
     multi, apart = [], []
     if multi_runs:
         mprof = load_cluster(args.multi_cluster)
@@ -174,7 +174,8 @@ def main(argv=None) -> int:
               + f") through {mprof.name} ({mprof.facts.gpu_name}, {mgpn} GPUs/node, "
                 f"{mprof.description.inter_node_Gbps:g} Gb/s per node)")
         built = step_fit.prepare(multi_runs, lambda r: devset.build_config(r, mgpn),
-                                 key=lambda r: (MULTI, r.model) + r.layout, profile=mprof)
+                                 key=lambda r: (MULTI, r.model) + r.layout, profile=mprof,
+                                 pipe_sends_mask=devset.PIPE_SENDS_MASK)
         for case, bad in zip(built, devset.inconsistent(multi_runs)):
             (apart if bad else multi).append(case)
         for c in apart:

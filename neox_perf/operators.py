@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .config.specs import NeoxConfig
-from .opspec import op_bytes, op_flops
+from .opspec import FP16_BYTES, op_bytes, op_flops
 
 Features = Tuple[Tuple[str, float], ...]
 
@@ -346,9 +346,17 @@ def _buckets(total: float, bucket: int) -> List[Tuple[float, int]]:
 
 
 def decompose(cfg: NeoxConfig, padded_vocab: int, stages: Sequence[StageShape],
-              precision: Optional[str] = None) -> Decomposition:
+              precision: Optional[str] = None, pipe_sends_mask: bool = True) -> Decomposition:
     """precision: what the run really computes in, when that is not the config's (the
-    reference workload runs fp32 on a CPU whatever the config asks); default the config's."""
+    reference workload runs fp32 on a CPU whatever the config asks); default the config's.
+
+    pipe_sends_mask: whether each forward send between stages carries the attention mask.
+    NeoX's pipeline layers pass (hidden, mask) tuples, and DeepSpeed's PipelineEngine casts
+    the [1, 1, l, l] bool mask to fp16 to send it with every activation ("NCCL does not like to
+    send torch.BoolTensor types", deepspeed/runtime/pipe/engine.py), unpartitioned: at l = 2048
+    that is 8 MiB per micro-batch, as much as a 20B model's activation chunk at mp 4, and it grows
+    with l^2. Megatron-DeepSpeed's GPTModelPipe keeps the mask in its args instead (the dev set's
+    runs: predictors/devset.py passes False)."""
     m, par, tr = cfg.model, cfg.parallel, cfg.training
     mp, dp, gpn = par.model_parallel_size, par.data_parallel_size, par.gpus_per_node
     run_precision = precision or tr.precision
@@ -386,7 +394,9 @@ def decompose(cfg: NeoxConfig, padded_vocab: int, stages: Sequence[StageShape],
                                                        mp_group)
         fwd[:0], bwd[:0] = gather_fwd, gather_bwd
         last = st.index == len(stages) - 1
-        send_act = None if last else CommCall("p2p", "pp_p2p", "fwd", tokens * d / mp,
+        # the fp16 mask counted in elements of the run's dtype, which the collective samples count in
+        mask = l * l * FP16_BYTES / dt if pipe_sends_mask else 0.0
+        send_act = None if last else CommCall("p2p", "pp_p2p", "fwd", tokens * d / mp + mask,
                                               *p2p_placement(st.index, mp * dp, gpn), 1, "pipeline")
         send_grad = None if st.index == 0 else CommCall("p2p", "pp_p2p", "bwd", tokens * d / mp,
                                                         *p2p_placement(st.index - 1, mp * dp, gpn), 1,

@@ -34,6 +34,10 @@ MEGATRON_DROPOUT = 0.1
 # [3,4,3,2]; pp=2 splits agree).
 MEGATRON_PARTITION = "type:ParallelTransformerLayerPipe"
 
+# Megatron-DeepSpeed's pipeline stages pass the hidden states alone (the mask stays in its args),
+# where NeoX's pass (hidden, mask): see operators.decompose
+PIPE_SENDS_MASK = False
+
 ASSUMPTIONS = ("Megatron GPT: learned positions, LayerNorm, GeLU, tied embeddings, fused softmax; "
                "query-key layer scaling (Megatron-DeepSpeed's default: softmax in fp32); "
                "attention and hidden dropout 0.1 (its default); fp16; stages split the "

@@ -51,12 +51,14 @@ class Case:
     profile: object = None
 
 
-def prepare(runs, build: Callable, key: Callable = lambda r: r.layout, profile=None) -> List[Case]:
-    """Cases from runs; ``build(run) -> (cfg, derived)`` reads each as a NeoX config."""
+def prepare(runs, build: Callable, key: Callable = lambda r: r.layout, profile=None,
+            pipe_sends_mask: bool = True) -> List[Case]:
+    """Cases from runs; ``build(run) -> (cfg, derived)`` reads each as a NeoX config; runs of
+    another framework say what differs (operators.decompose: pipe_sends_mask)."""
     cases = []
     for run in runs:
         cfg, derived = build(run)
-        decomp = decompose(cfg, derived.padded_vocab, stage_shapes(derived))
+        decomp = decompose(cfg, derived.padded_vocab, stage_shapes(derived), pipe_sends_mask=pipe_sends_mask)
         cases.append(Case(key(run), decomp, float(run.seconds), str(run), profile))
     return cases
 

@@ -129,8 +129,12 @@ def test_pipeline_p2p_and_dp_buckets(write_yaml):
     cfg = cfg_of(write_yaml, "pipe_parallel_size: 2\nmodel_parallel_size: 2\n", gpus=8, gpn=4)
     d = decompose(cfg, 51200, shapes(2, params=2_500_000))
     first, last = d.stages
-    assert first.send_activation.elements == 2 * 256 * 512 / 2 and last.send_activation is None
-    assert first.send_gradient is None and last.send_gradient is not None
+    # this rank's activation chunk, and NeoX's [1, 1, l, l] attention mask sent whole beside it
+    assert first.send_activation.elements == 2 * 256 * 512 / 2 + 256 * 256 and last.send_activation is None
+    assert first.send_gradient is None and last.send_gradient.elements == 2 * 256 * 512 / 2
+    # a framework whose stages keep the mask to themselves (Megatron-DeepSpeed) sends the chunk
+    bare = decompose(cfg, 51200, shapes(2, params=2_500_000), pipe_sends_mask=False)
+    assert bare.stages[0].send_activation.elements == 2 * 256 * 512 / 2
     # mp*dp = 4 ranks per stage fill a 4-GPU node: the neighbour stage is on another node.
     assert (first.send_activation.nodes, first.send_activation.gpus_per_node) == (2, 1)
     sizes = [(c.elements, c.count) for c in first.grad_sync]

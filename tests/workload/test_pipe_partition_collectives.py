@@ -100,9 +100,13 @@ def test_partitions_sent_are_the_p2p_elements(run, decomp):
                 assert not sends
                 continue
             # per micro-batch: the partition meta (int64), this rank's chunk, and on the way
-            # forward NeoX's attention mask (fp16, not priced: docs/pipeline-partitioning.md)
+            # forward NeoX's attention mask, cast to fp16 (priced with the send, in elements of
+            # the run's dtype: this run computes in fp32)
             chunks = [c for c in sends if c["dtype"] == "float32"]
-            assert len(chunks) == m and {c["numel"] for c in chunks} == {call.elements}
+            masks = [c for c in sends if c["dtype"] == "float16"]
+            assert len(chunks) == m and len(masks) == (m if instr == "SendActivation" else 0)
+            mask = masks[0]["numel"] / 2 if masks else 0
+            assert {c["numel"] + mask for c in chunks} == {call.elements}
             meta = [c for c in sends if c["dtype"] == "int64"]
             assert len(meta) == m and all(c["numel"] < 16 for c in meta)
 
