@@ -18,7 +18,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from neox_perf.predictors import devset  # noqa: E402
+from neox_perf.predictors.fitting import devset  # noqa: E402
 
 
 def per_layer_ms(runs):

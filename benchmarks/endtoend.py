@@ -1,6 +1,6 @@
 """Predicted against measured end-to-end iterations on the development sets of real GPU runs.
 
-Every measured iteration (predictors/devset.py) becomes the NeoX config of the same job and is
+Every measured iteration (predictors/fitting/devset.py) becomes the NeoX config of the same job and is
 predicted through a cluster description of the nodes it ran on, exactly as `neox-perf check`
 would predict it:
 - vTrain's 1,440 single-node Megatron-DeepSpeed iterations (8-GPU A100 nodes) through
@@ -28,10 +28,7 @@ Multi-node runs that disagree with their own job at a smaller micro-batch
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -43,7 +40,7 @@ sys.path.insert(0, str(REPO))
 
 from neox_perf.estimate import estimate  # noqa: E402
 from neox_perf.predict import load_cluster  # noqa: E402
-from neox_perf.predictors import devset, step_fit  # noqa: E402
+from neox_perf.predictors.fitting import devset, step_fit  # noqa: E402
 from neox_perf.step_terms import FITTED, Interval, StepTerms, of_profile  # noqa: E402
 
 DEFAULT_CLUSTER = REPO / "neox_perf" / "examples" / "clusters" / "dgx-a100.yml"
@@ -104,15 +101,13 @@ def _nested_coverage(cases, predicted, shares, fold_of):
 
 
 def _write_terms(profile_dir: Path, section: dict) -> None:
-    path = profile_dir / "manifest.json"
-    manifest = json.loads(path.read_text(encoding="utf-8"))
-    manifest["step_terms"] = section
-    fd, tmp = tempfile.mkstemp(dir=profile_dir, prefix=".manifest.", suffix=".json")
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        json.dump(manifest, fh, indent=1, sort_keys=False)
-        fh.write("\n")
-    os.replace(tmp, path)  # a kill mid-write leaves the old manifest whole
-    print(f"\nwrote step_terms into {path}")
+    from dataclasses import replace
+
+    from neox_perf.profile.directory import manifest_path, update
+    from neox_perf.step_terms import StepTermsSection
+    terms = StepTermsSection.parse(section, "the fitted step terms")
+    update(profile_dir, lambda m: replace(m, step_terms=terms))  # a kill mid-write keeps the old
+    print(f"\nwrote step_terms into {manifest_path(profile_dir)}")
 
 
 def _load(args):

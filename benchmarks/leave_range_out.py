@@ -28,10 +28,12 @@ from typing import Dict, List
 import numpy as np
 
 from neox_perf import opspec
-from neox_perf.predictors import baseline, cleaning, fit
-from neox_perf.predictors.facts import KNOWN_CLUSTERS
+from neox_perf.errors import ProfileError
+from neox_perf.predictors import baseline
+from neox_perf.predictors.fitting import cleaning, fit
+from neox_perf.predictors.fitting.known_clusters import KNOWN_CLUSTERS
 from neox_perf.predictors.forest import log_features
-from neox_perf.predictors.samples import load_cluster
+from neox_perf.predictors.fitting.samples import load_cluster
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SAMPLES = REPO.parent / "shared" / "data" / "paper-2509.22832-samples"
@@ -176,8 +178,8 @@ def evaluate_local(ts, facts, grid, feature: str) -> Dict[str, float]:
 def local_sets(store: Path):
     """The store's cleaned sets and facts, as `calibrate`'s fit sees them."""
     from neox_perf.calibration.store import SampleStore
-    from neox_perf.predictors.local import _device_of, measured_facts, training_sets
-    from neox_perf.predictors.samples import FileRecord
+    from neox_perf.predictors.fitting.store_samples import _device_of, measured_facts, training_sets
+    from neox_perf.predictors.fitting.samples import FileRecord
     with SampleStore(store) as s:
         device, fingerprint = _device_of(s, None)
     sets = training_sets(store, device=device, source="calibrate")
@@ -219,9 +221,8 @@ def run_local(store: Path, grid) -> list:
 
 
 def _store_of(profile: Path) -> Path:
-    import json
-    manifest = json.loads((profile / "manifest.json").read_text())
-    return Path(manifest["provenance"]["store"])
+    from neox_perf.profile.directory import read
+    return Path(read(profile).provenance.store)
 
 
 def main(argv=None) -> int:
@@ -239,8 +240,8 @@ def main(argv=None) -> int:
     if args.store or args.profile:
         try:
             store = args.store or _store_of(args.profile)
-        except (OSError, ValueError, KeyError) as exc:
-            print(f"leave_range_out: {args.profile}/manifest.json: no provenance.store ({exc}) "
+        except (ProfileError, AttributeError, TypeError) as exc:
+            print(f"leave_range_out: {args.profile}: no provenance.store ({exc}) "
                   f"(fix: pass --store PATH)", file=sys.stderr)
             return 2
         if not store.is_file():

@@ -30,11 +30,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from neox_perf import opspec  # noqa: E402
-from neox_perf.predictors import cleaning  # noqa: E402
+from neox_perf.predictors.fitting import cleaning  # noqa: E402
 from neox_perf.predictors import cluster_file, gpus, transfer  # noqa: E402
-from neox_perf.predictors.facts import KNOWN_CLUSTERS  # noqa: E402
+from neox_perf.predictors.fitting.known_clusters import KNOWN_CLUSTERS  # noqa: E402
 from neox_perf.predictors.profile import load_profile  # noqa: E402
-from neox_perf.predictors.samples import COLLECTIVE_PHASE, load_cluster  # noqa: E402
+from neox_perf.predictors.fitting.samples import COLLECTIVE_PHASE, load_cluster  # noqa: E402
 
 DEFAULT_SAMPLES = REPO.parent / "shared" / "data" / "paper-2509.22832-samples"
 DIRECTIONS = (("perlmutter-a100-80gb", "vista-gh200", "Vista", "GH200-96GB"),
@@ -67,8 +67,6 @@ def operator_table(samples: Path):
             try:
                 base_seconds = base.predict_many(op, phase, ts.features).seconds
             except Exception:  # the base has no model for it (derived there): not comparable
-                continue
-            if (base.manifest["operators"].get(op) or {}).get(phase, {}).get("derived_from"):
                 continue
             f = np.asarray(opspec.op_flops(op, phase, ts.features), dtype=float)
             b = np.asarray(opspec.op_bytes(op, phase, ts.features), dtype=float)

@@ -7,7 +7,7 @@ loss, and DeepSpeed's own work: gradient clipping + the optimizer over every par
 tensor, flattening gradients for the all-reduce, accumulating gradients between micro-
 batches. This step runs the reference workload's own model under a one-process DeepSpeed
 engine at the shapes below (never the validation configs) and records what each part took;
-predictors.local turns the differences from the operator predictions into the profile's
+predictors/fitting/engine_fit.py turns the differences from the operator predictions into the profile's
 "engine" terms. The measuring runs in its own processes: python -m neox_perf.calibration.engine.
 
 A second pass runs the same shapes under DeepSpeed's ZeRO stage-1 optimizer, the processes
@@ -399,7 +399,7 @@ def zero_statistics(rows: List[Dict[str, float]]) -> Dict[str, float]:
 def _measure_zero(shape, layers: int, device: str, barrier, world: int, stage: int) -> Dict[str, object]:
     """One shape under DeepSpeed's ZeRO optimizer, data parallel over the ``world`` peers.
 
-    Timed apart, as predictors.local fits them: the gradient reduction at the accumulation
+    Timed apart, as predictors/fitting/engine_fit.py fits them: the gradient reduction at the accumulation
     boundary (engine.allreduce_gradients) and the optimizer step, each split into the time
     inside its data-parallel collectives -- the all-reduce of the whole gradient, the
     all-gather of the updated parameters -- and the rest, the optimizer's own work. A

@@ -75,7 +75,15 @@ def config_verdicts(cfg: NeoxConfig) -> List[Verdict]:
     if t.precision == "fp32":
         add("fp32_training", "warning", "neither fp16 nor bf16 is enabled: training runs in fp32",
             "fp16", "enable fp16 or bf16 unless fp32 is intended")
-    return out
+    from .refusals import config_refusals
+    return out + config_refusals(cfg)
+
+
+def derived_verdicts(cfg: NeoxConfig, derived) -> List[Verdict]:
+    """What only the derived pipeline shows: stages DeepSpeed cannot build, stages without blocks."""
+    from .refusals import derived_refusals
+    return derived_refusals(cfg, derived) + stage_verdicts(
+        cfg, [s.transformer_layers for s in derived.stages])
 
 
 def stage_verdicts(cfg: NeoxConfig, transformer_layers: Sequence[int]) -> List[Verdict]:
@@ -90,7 +98,11 @@ def stage_verdicts(cfg: NeoxConfig, transformer_layers: Sequence[int]) -> List[V
     return out
 
 
-def memory_verdicts(stage_bytes: Sequence[int], capacity: Optional[int], gpu: str) -> List[Verdict]:
+def memory_verdicts(stage_bytes: Sequence[int], capacity: Optional[int], gpu: str,
+                    fix: Optional[str] = None, key: str = "train_micro_batch_size_per_gpu",
+                    quiet_when_fits: bool = False) -> List[Verdict]:
+    """Out of memory per stage; `fix`, `key`: what to change (advice.memory_fix follows the
+    dominant term). quiet_when_fits: no "fits" line (a config NeoX refuses never ends on OK)."""
     if not capacity:
         return []
     out = []
@@ -99,9 +111,10 @@ def memory_verdicts(stage_bytes: Sequence[int], capacity: Optional[int], gpu: st
             out.append(Verdict(
                 "out_of_memory", "fail",
                 f"stage {i} needs {used / 2**30:.1f} GiB per GPU, the {gpu} has {capacity / 2**30:.0f} GiB",
-                key="train_micro_batch_size_per_gpu",
-                fix="enable checkpoint_activations, lower the micro-batch, or add pipeline/model parallelism"))
-    if not out:
+                key=key,
+                fix=fix or "enable checkpoint_activations, lower the micro-batch, or add "
+                           "pipeline/model parallelism"))
+    if not out and not quiet_when_fits:
         worst = max(stage_bytes) if stage_bytes else 0
         out.append(Verdict("fits_in_memory", "ok",
                            f"every stage fits: at most {worst / 2**30:.1f} of {capacity / 2**30:.0f} GiB"))

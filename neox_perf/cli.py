@@ -45,8 +45,14 @@ def build_parser(only: Optional[str] = None) -> argparse.ArgumentParser:
                                          "(see `neox-perf clusters`)")
     check.add_argument("--vocab-size", type=_positive_int,
                        help="raw tokenizer vocabulary, when the tokenizer file is not readable here")
+    check.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a config key after the merge, value as in YAML (repeatable; "
+                            "a.b=v sets one entry of a mapping, e.g. zero_optimization.stage=1)")
     check.add_argument("--max-iteration-seconds", type=_positive_float,
                        help="fail (exit 3) when the predicted iteration is slower than this")
+    check.add_argument("--format", choices=("text", "json", "line"), default=None,
+                       help="text (default), json (= --json), or line: one line for a job script "
+                            "or a log, with a Slurm --time")
     check.add_argument("--json", action="store_true", help="print one versioned JSON envelope")
 
     calibrate = sub.add_parser("calibrate", help="measure this machine and write a cluster profile, "
@@ -125,7 +131,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.command is None:
         parser.print_help()
         return exitcodes.USAGE
-    want_json = bool(getattr(args, "json", False))
+    fmt = getattr(args, "format", None)
+    if fmt and getattr(args, "json", False) and fmt != "json":
+        return _fail(args.command, args.command, f"usage error: --json and --format {fmt} "
+                     f"disagree (fix: pass one of them)", exitcodes.USAGE, False)
+    want_json = bool(getattr(args, "json", False)) or fmt == "json"
     debug = bool(getattr(args, "debug", False))
     # `calibrate --from-run` prints a payload of its own, errors included
     schema_name = "calibrate-from-run" if getattr(args, "from_run", None) else args.command
@@ -166,7 +176,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         else:  # pragma: no cover - argparse rejects unknown commands
             raise UsageError(f"unknown command {args.command}")
         from .render import emit
-        emit(result, want_json)
+        emit(result, want_json, line=fmt == "line")
     except NeoxPerfError as exc:
         code = exitcodes.USAGE if isinstance(exc, UsageError) else exitcodes.INVALID_CONFIG
         return _fail(args.command, schema_name, exc.line(), code, want_json, debug)

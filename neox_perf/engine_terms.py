@@ -1,10 +1,11 @@
 """A profile's engine terms: what a DeepSpeed step costs beyond its operators, typed.
 
 `neox-perf calibrate` measures them (calibration/engine.py, calibration/tp_allreduce.py) and
-predictors/local.fit_engine fits them into the manifest's "engine" section. That section is
-parsed here, in one place, into EngineSection (frozen; a malformed section is one line
-naming the key); estimate.py applies it to a decomposition through EngineTerms, and
-`calibrate --from-run` writes terms back through EngineSection.to_dict.
+predictors/fitting/engine_fit.py fits them into the manifest's "engine" section. That section is
+typed here, EngineSection (frozen; a malformed section is one line naming the key), and parsed
+once with the rest of the manifest (neox_perf/profile/manifest.py); estimate.py applies it to a
+decomposition through EngineTerms, and `calibrate --from-run` writes terms back through
+EngineSection.to_dict.
 
 Four kinds of term, each where its cost scales differently:
 - Residual (layer_forward/backward, other_forward/backward): seconds + per_unit * x on top
@@ -22,7 +23,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from .errors import NeoxPerfError
+from .errors import ProfileError
 
 RESIDUALS = ("layer_forward", "layer_backward", "other_forward", "other_backward")
 LINEARS = ("optimizer_step", "grad_flatten", "grad_accumulate", "zero_reduce", "zero_step",
@@ -31,7 +32,10 @@ CURVES = ("dp_allreduce", "dp_allgather")
 COEFFICIENTS = ("t0", "per_tensor", "per_param", "per_element")
 
 
-class EngineTermsError(NeoxPerfError):
+RECALIBRATE = "recalibrate the profile"
+
+
+class EngineTermsError(ProfileError):
     """A manifest's engine section that cannot be read: one line naming the key."""
 
 
@@ -120,7 +124,7 @@ class EngineSection:
     @classmethod
     def parse(cls, data: Mapping[str, Any], where: str = "engine") -> "EngineSection":
         if not isinstance(data, Mapping):
-            raise EngineTermsError(f"{where}: not a mapping (fix: recalibrate the profile)")
+            raise EngineTermsError(where, "not a mapping", RECALIBRATE)
         residuals, linears, curves, extra = {}, {}, {}, {}
         for key, value in data.items():
             try:
@@ -147,8 +151,8 @@ class EngineSection:
                 elif key != "precision":
                     extra[key] = value
             except (KeyError, TypeError, ValueError) as exc:
-                raise EngineTermsError(f"{where}.{key}: cannot be read ({exc.__class__.__name__}: "
-                                       f"{exc}) (fix: recalibrate the profile)") from None
+                raise EngineTermsError(f"{where}.{key}", f"cannot be read ({exc.__class__.__name__}: "
+                                       f"{exc})", RECALIBRATE) from None
         return cls(data.get("precision"), residuals, linears, curves, extra)
 
     def to_dict(self) -> Dict[str, Any]:
@@ -176,12 +180,9 @@ def _rest(value: Mapping[str, Any], known) -> Dict[str, Any]:
 
 
 def section_of(profile) -> Optional[EngineSection]:
-    """The profile's engine section, parsed; None without one. Parsed per prediction (a
-    dozen keys): a profile's manifest may be replaced between two predictions."""
-    terms = (getattr(profile, "manifest", None) or {}).get("engine")
-    if not terms:
-        return None
-    return EngineSection.parse(terms, f"{getattr(profile, 'name', 'profile')}: manifest engine")
+    """The engine section of a profile (a neox_perf.profile.protocol.Profile), parsed with its
+    manifest; None without one."""
+    return profile.manifest.engine
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """Errors that reach the user as one line: where, what, and how to fix it."""
 from __future__ import annotations
 
-from typing import Optional
+from contextlib import contextmanager
+from typing import Iterator, Optional
 
 
 class NeoxPerfError(Exception):
@@ -39,6 +40,32 @@ class PathError(NeoxPerfError):
         self.problem = problem
         self.fix = fix
         super().__init__(" ".join(f"{self.path}: {problem} (fix: {fix})".split()))
+
+
+class ProfileError(PathError):
+    """A cluster profile is missing, corrupt, or not a neox-perf profile: the file (or the
+    file and the manifest key) that is wrong, what is wrong with it, and the fix."""
+
+
+@contextmanager
+def reading(where: str, fix: str) -> Iterator[None]:
+    """Whatever goes wrong reading the value at ``where`` (a file and the key inside it)
+    becomes one ProfileError line naming it; errors that already name their key pass."""
+    try:
+        yield
+    except ProfileError:
+        raise
+    except KeyError as exc:
+        raise ProfileError(where, f"missing key {exc}", fix) from None
+    except (TypeError, ValueError, AttributeError, IndexError) as exc:
+        raise ProfileError(where, f"cannot be read ({exc.__class__.__name__}: {exc})", fix) from None
+
+
+def text(value) -> str:
+    """``value``, which must be a string (a manifest's text field, read under ``reading``)."""
+    if not isinstance(value, str):
+        raise TypeError(f"expected text, got {type(value).__name__}")
+    return value
 
 
 class UsageError(NeoxPerfError):

@@ -5,7 +5,7 @@ so a 96-layer model costs no more to predict than a 2-layer one.
 
 A profile made by `neox-perf calibrate` may also carry "engine" terms: what a step costs on
 that machine beyond its operators, measured by running the reference model under DeepSpeed
-at calibration shapes (predictors/local.fit_engine). They are applied when the run computes
+at calibration shapes (predictors/fitting/engine_fit.py). They are applied when the run computes
 in the precision they were measured in; bundled profiles have none. DeepSpeed's plain
 optimizer and its ZeRO stage-1/2 optimizer do different work around the same all-reduce, and
 each has its own terms, measured on its own path.
@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from .engine_terms import EngineTerms
 from .operators import CommCall, Decomposition, OpCall, StageWork
+from .profile.protocol import Profile
 from .step_terms import INSIDE_NODE, StepTerms, of_profile, regime_of
 from .timeline import StageCost, Timeline, simulate_1f1b
 
@@ -80,7 +81,7 @@ def _worse(a, b) -> bool:
 
 
 class _Cache:
-    def __init__(self, profile, engine: Optional["EngineTerms"] = None,
+    def __init__(self, profile: Profile, engine: Optional["EngineTerms"] = None,
                  terms: StepTerms = StepTerms()):
         self.profile = profile
         self.engine = engine
@@ -97,7 +98,7 @@ class _Cache:
                 pred = self.profile.predict(call.op, call.phase, call.feature_dict())
                 self._note(f"{call.op} {call.phase}", pred)
                 self._cover(call)
-                if getattr(pred, "extrapolated", False):
+                if pred.extrapolated:
                     self.extrapolated.add(key)
                 self.memo[key] = self.terms.operator(call.op, float(pred.seconds))
             return self.memo[key]
@@ -110,7 +111,7 @@ class _Cache:
             pred = self.profile.predict_collective(call.kind, call.elements, call.nodes,
                                                    call.gpus_per_node)
             self._note(f"{call.kind} {call.nodes}x{call.gpus_per_node}", pred)
-            if getattr(pred, "extrapolated", False):
+            if pred.extrapolated:
                 self.extrapolated.add(key)
             self.memo[key] = self.terms.collective(call.purpose, call.nodes * call.gpus_per_node,
                                                    float(pred.seconds), call.nodes)
@@ -122,11 +123,8 @@ class _Cache:
         return ("comm", call.kind, call.purpose, call.elements, call.nodes, call.gpus_per_node)
 
     def _cover(self, call) -> None:
-        cover = getattr(self.profile, "coverage", None)
-        if cover is None:
-            return
         try:
-            got = cover(call.op, call.phase, call.feature_dict())
+            got = self.profile.coverage(call.op, call.phase, call.feature_dict())
         except Exception:  # noqa: BLE001 - a profile without the model has said so in predict
             return
         name = f"{call.op} {call.phase}"
@@ -135,8 +133,8 @@ class _Cache:
             self.coverage[name] = got
 
     def _note(self, what: str, pred) -> None:
-        if getattr(pred, "extrapolated", False) and what not in self.flags:
-            self.flags[what] = getattr(pred, "reason", "") or "outside the sampled range"
+        if pred.extrapolated and what not in self.flags:
+            self.flags[what] = pred.reason or "outside the sampled range"
 
     def total(self, calls) -> float:
         """Seconds of one run of calls (a layer phase, the head, the loss): its operators queue
@@ -260,7 +258,7 @@ def _inter_node_seconds(work: StageWork, cache: _Cache, micro_batches: int) -> O
     return seconds if crosses else None
 
 
-def estimate(decomp: Decomposition, profile, terms: Optional[StepTerms] = None) -> IterationEstimate:
+def estimate(decomp: Decomposition, profile: Profile, terms: Optional[StepTerms] = None) -> IterationEstimate:
     """terms: the step terms to apply (default: the profile's own; fitting passes its trials)."""
     from .timeline import eq7_seconds
     engine = EngineTerms.of(profile, decomp)

@@ -356,7 +356,7 @@ def decompose(cfg: NeoxConfig, padded_vocab: int, stages: Sequence[StageShape],
     send torch.BoolTensor types", deepspeed/runtime/pipe/engine.py), unpartitioned: at l = 2048
     that is 8 MiB per micro-batch, as much as a 20B model's activation chunk at mp 4, and it grows
     with l^2. Megatron-DeepSpeed's GPTModelPipe keeps the mask in its args instead (the dev set's
-    runs: predictors/devset.py passes False)."""
+    runs: predictors/fitting/devset.py passes False)."""
     m, par, tr = cfg.model, cfg.parallel, cfg.training
     mp, dp, gpn = par.model_parallel_size, par.data_parallel_size, par.gpus_per_node
     run_precision = precision or tr.precision

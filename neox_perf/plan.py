@@ -29,6 +29,7 @@ from .config import WorldRequest, build
 from .config.loader import RawConfig
 from .config.neox_keys import KEYS, ZERO_DEFAULTS
 from .errors import ConfigError, UsageError
+from .profile.protocol import Profile
 
 # DeepSpeed's partition methods that NeoX configs use; the user's own is always tried too.
 PARTITION_METHODS = ("type:transformer|mlp", "parameters", "uniform")
@@ -92,6 +93,9 @@ class Candidate:
     breakdown: Dict[str, float] = field(repr=False, default_factory=dict)
     rank: Optional[int] = None
     pareto: bool = False
+    # layouts that differ from this one only in a setting that changes nothing predicted
+    # (partition method, ZeRO stage): same time and memory, folded into this row (`collapse`)
+    equivalent: List[Layout] = field(repr=False, default_factory=list)
 
     @property
     def cost(self) -> float:
@@ -109,6 +113,7 @@ class Baseline:
     reason: Optional[str]  # why it is not among the admissible candidates
     max_memory_fraction: Optional[float] = None
     rank: Optional[int] = None
+    note: Optional[str] = None  # how the user's config was adapted to keep the plan's batch
 
 
 @dataclass
@@ -129,6 +134,8 @@ class Plan:
     no_layout: Dict[int, str]  # GPU count -> one line naming what excluded every layout
     seconds: float
     warnings: List[str] = field(default_factory=list)
+    collapsed: int = 0  # timed layouts folded into an equivalent row
+    within_interval: int = 0  # of the rows shown after the best, those inside its 80% interval
 
 
 @dataclass
@@ -244,9 +251,10 @@ def _values(raw: RawConfig):
 
 
 class Planner:
-    def __init__(self, raw: RawConfig, profile, raw_vocab: int, *, headroom: float = 0.9,
+    def __init__(self, raw: RawConfig, profile: Profile, raw_vocab: int, *, headroom: float = 0.9,
                  gpus_per_node: Optional[int] = None, global_batch: Optional[int] = None,
-                 max_micro_batch: Optional[int] = None, keep: int = 10):
+                 max_micro_batch: Optional[int] = None, keep: int = 10,
+                 near: Optional[Layout] = None, spare: bool = False):
         if not 0 < headroom <= 1:
             raise UsageError(f"--memory-headroom {headroom:g} must be in (0, 1]")
         self.raw = raw
@@ -258,16 +266,24 @@ class Planner:
         self.gpus_per_node = gpus_per_node
         self.max_micro_batch = max_micro_batch
         self.keep = keep  # layouts the caller shows; 0: every admissible layout is timed
+        # `check`'s quick search around the user's layout `near`: every pipeline depth, tensor
+        # parallelism within a node (and the user's own), checkpointing on and off, but only the
+        # user's micro-batch, ZeRO stage and partition method -- with `spare`, also the most
+        # memory-sparing (micro-batch 1, ZeRO 1); it times only its best estimates
+        self.near = near
+        self.spare = spare
         # (mp, micro, pipeline engine) -> per-layer and end-of-pipe seconds, for the bound
         self._units: Dict[tuple, tuple] = {}
         self._timed: Dict[Layout, Candidate] = {}  # layouts the bound predicted in full
         self._tails: Dict[tuple, tuple] = {}  # _tail_key -> per-stage sync + update seconds
-        self._engine_terms = bool((getattr(profile, "manifest", None) or {}).get("engine"))
+        self._quick_tails: Dict[tuple, tuple] = {}  # the same, from one micro-batch (near=)
+        self._engine_terms = profile.manifest.engine is not None
         self.bounded = 0
         self.value = _values(raw)
         self.shared = SharedDerive(raw_vocab, self.capacity)
         self._global_batch = global_batch
         self._verdict_cache: Dict[tuple, Optional[_Rejection]] = {}
+        self._parts: Dict[tuple, tuple] = {}  # (mp, stages, method) -> DeepSpeed's cuts
 
     # -- the user's config --------------------------------------------------------------------
 
@@ -353,9 +369,12 @@ class Planner:
         user_method = str(self.value("pipe_partition_method"))
         methods = [user_method] + [x for x in PARTITION_METHODS if x != user_method.lower()]
         max_pp = m.num_layers
+        node = self.gpus_per_node or self.facts.gpus_per_node
         for mp in divisors(gpus):
             if mp > m.num_attention_heads:
                 break
+            if self.near is not None and mp > node and mp != self.near.model_parallel_size:
+                continue  # the quick search keeps tensor parallelism within a node
             for pp in [0] + divisors(gpus // mp):
                 if pp > max_pp:
                     break
@@ -365,9 +384,18 @@ class Planner:
                           if not self.max_micro_batch or x <= self.max_micro_batch]
                 # DeepSpeed/NeoX allow ZeRO 2 only without pipeline and tensor parallelism
                 zeros = [0, 1] + ([2] if pp == 0 and mp == 1 else [])
+                checkpointing = (True, False)
+                if self.near is not None and micros:
+                    n = self.near
+                    sparing = (1,) if self.spare else ()
+                    # the user's micro-batch, or the largest below it that divides this split's
+                    own = max([x for x in micros if x <= n.train_micro_batch_size_per_gpu] or micros[:1])
+                    micros = sorted({own, *(x for x in sparing if x in micros)})
+                    zeros = [z for z in zeros if z in (n.zero_stage,) + sparing]
+                    methods = [user_method]
                 for method in (methods if pp >= 2 else [user_method]):
                     for micro in micros:
-                        for ckpt in (True, False):
+                        for ckpt in checkpointing:
                             for zero in zeros:
                                 yield Layout(gpus, pp, mp, dp, micro, per_rank // micro, ckpt,
                                              zero, method)
@@ -456,7 +484,7 @@ class Planner:
         per_batch = it * batch / t.train_batch_size
         iters = t.train_iters
         run = per_batch * iters if iters else None
-        peak = getattr(self.facts, "peak_fp16_tflops", None)
+        peak = self.facts.peak_fp16_tflops
         flops = derived.flops.model_per_iteration
         mfu = flops / it / p.world_size / 1e12 / peak if peak and flops else None
         worst = max(s.memory.total for s in derived.stages)
@@ -543,6 +571,9 @@ class Planner:
                 rejected[code] = rejected.get(code, 0) + n
         baselines = [self.baseline(w, batch) for w in gpus]
         candidates = self.predict_admitted(admitted, batch, baselines)
+        timed = len(candidates)
+        rank(candidates)
+        candidates = collapse(candidates)
         rank(candidates)
         for b in baselines:
             self.rank_baseline(b, candidates)
@@ -558,7 +589,9 @@ class Planner:
         return Plan(gpus=gpus, global_batch=batch, global_batch_source=batch_source,
                     train_iters=self.value("train_iters"), headroom=self.headroom,
                     candidates=candidates, baselines=baselines, evaluated=evaluated,
-                    predicted=len(candidates), admissible=len(admitted), bounded=self.bounded,
+                    predicted=timed, admissible=len(admitted), bounded=self.bounded,
+                    collapsed=timed - len(candidates),
+                    within_interval=within_best_interval(candidates, self.keep or len(candidates)),
                     duplicates=duplicates,
                     rejected=dict(sorted(rejected.items(), key=lambda kv: -kv[1])),
                     no_layout=no_layout, seconds=time.perf_counter() - start)
@@ -580,24 +613,35 @@ class Planner:
         self.mlp_widths = mlp_widths(cfg.model)
         from .derive import DeriveOptions
         self.options = DeriveOptions.from_values(self.raw.values)  # what the layer list reads
-        self._parts: Dict[tuple, tuple] = {}
 
     def baseline(self, world: int, batch: int) -> Baseline:
-        """The user's own config at `world` GPUs, built exactly as `check` builds it."""
+        """The user's own config at `world` GPUs, built as `check` builds it -- except that where
+        NeoX derives the global batch from micro x accumulation x dp (no train_batch_size), the
+        accumulation is set to keep the plan's batch, as the user would at another GPU count."""
+        note = None
         try:
             cfg, verdicts, _ = self.build(world)
+            t, p = cfg.training, cfg.parallel
+            if t.train_batch_size != batch and self.value("train_batch_size") is None:
+                gas = max(1, round(batch / (t.micro_batch_size * p.data_parallel_size)))
+                if gas != t.gradient_accumulation_steps:
+                    kept = gas * t.micro_batch_size * p.data_parallel_size
+                    note = (f"accumulation {gas} instead of {t.gradient_accumulation_steps} "
+                            + (f"keeps the global batch {batch}" if kept == batch else
+                               f"comes nearest the global batch {batch} ({kept})"))
+                    cfg, verdicts, _ = self.build(world, {"gradient_accumulation_steps": gas})
         except ConfigError as exc:
             return Baseline(world, None, None, exc.line())
         layout = layout_of(cfg)
         derived, rej = self.judge(cfg, verdicts)
         if rej is not None and rej.code != "out_of_memory":
-            return Baseline(world, layout, None, rej.detail or REASONS[rej.code][0])
+            return Baseline(world, layout, None, rej.detail or REASONS[rej.code][0], note=note)
         cand = self.evaluate(cfg, derived, batch)
         if rej is not None:
             return Baseline(world, layout, cand,
                             f"needs {cand.max_memory_fraction:.0%} of GPU memory, above the "
-                            f"{self.headroom:.0%} headroom", cand.max_memory_fraction)
-        return Baseline(world, layout, cand, None, cand.max_memory_fraction)
+                            f"{self.headroom:.0%} headroom", cand.max_memory_fraction, note=note)
+        return Baseline(world, layout, cand, None, cand.max_memory_fraction, note=note)
 
     @staticmethod
     def rank_baseline(b: Baseline, candidates: List[Candidate]) -> None:
@@ -605,7 +649,8 @@ class Planner:
         does not hold it, e.g. a micro-batch that changes the global batch)."""
         if b.candidate is None or b.reason is not None:
             return
-        same = next((c for c in candidates if c.layout == b.layout), None)
+        same = next((c for c in candidates if c.layout == b.layout or b.layout in c.equivalent),
+                    None)
         if same is not None:
             b.candidate, b.rank = same, same.rank
         else:
@@ -623,16 +668,32 @@ class Planner:
         `tails`: per stage, seconds of gradient sync + update a full prediction of a layout with
         the same stages, data parallel and ZeRO found (micro-batch and checkpointing leave them
         unchanged); each stage also cannot finish before its own ready time plus that."""
-        if self._engine_terms:
+        if self._engine_terms and self.near is None:
             return 0.0
         stages = derived.stages
         last = len(stages) - 1
         key = (cfg.parallel.model_parallel_size, cfg.training.micro_batch_size,
                cfg.parallel.pipe_parallel_size >= 1)
         unit = self._units.get(key)
+        one = None
+        if self.near is not None and tails is None:
+            # The quick search ranks by this estimate (a bound only without engine terms) and
+            # times few layouts, so it needs every layout's gradient sync and update: they come
+            # from a prediction of one micro-batch (the 1F1B timeline costs micro-batches x
+            # stages; per-micro-batch stage times, the sync and the update do not depend on them).
+            tkey = _tail_key(cfg)
+            tails = self._quick_tails.get(tkey)
+            if tails is None:
+                one = self._one_micro_batch(cfg, derived)
+                per = cfg.training.gradient_accumulation_steps if cfg.training.zero_stage >= 2 else 1
+                tails = self._quick_tails[tkey] = tuple(
+                    t.grad_allreduce * per + t.optimizer + t.param_allgather for t in one.stages)
         if unit is None or any((s.index == 0, s.index == last) not in unit[2] for s in stages):
-            cand, est = self._evaluate(cfg, derived, batch)
-            self._timed[cand.layout] = cand
+            if self.near is not None:
+                cand, est = None, one or self._one_micro_batch(cfg, derived)
+            else:
+                cand, est = self._evaluate(cfg, derived, batch)
+                self._timed[cand.layout] = cand
             first = next((t for s, t in zip(stages, est.stages) if s.transformer_layers), est.stages[0])
             lf, lb = first.layer_forward, first.layer_backward
             extras = dict(unit[2]) if unit else {}
@@ -640,8 +701,9 @@ class Planner:
                 n = s.transformer_layers
                 extras[(s.index == 0, s.index == last)] = (t.forward - n * lf,
                                                            t.backward - n * lb - t.recompute)
-            self._units[key] = (lf, lb, extras)
-            return cand.seconds_per_batch
+            self._units[key] = unit = (lf, lb, extras)
+            if cand is not None:
+                return cand.seconds_per_batch
         lf, lb, extras = unit
         m = cfg.training.gradient_accumulation_steps
         ckpt = cfg.training.checkpoint_activations
@@ -661,6 +723,16 @@ class Planner:
         # The timeline adds the same terms in another order: allow for rounding.
         return best * (1 - 1e-9) * batch / cfg.training.train_batch_size
 
+    def _one_micro_batch(self, cfg, derived):
+        """The estimate of `cfg` run with one micro-batch per iteration (same stages, shapes)."""
+        from dataclasses import replace
+        from .predict import predict
+        t = cfg.training
+        one = replace(cfg, training=replace(t, gradient_accumulation_steps=1,
+                                            train_batch_size=t.micro_batch_size
+                                            * cfg.parallel.data_parallel_size))
+        return predict(one, derived, self.profile).estimate
+
     def predict_admitted(self, admitted: List[tuple], batch: int,
                          baselines: List[Baseline]) -> List[Candidate]:
         """Time the admitted layouts in order of their bound, skipping those that can neither
@@ -673,6 +745,9 @@ class Planner:
         times: List[float] = []
         self.bounded = 0
         for bound, cfg, derived in admitted:
+            if self.near is not None and len(times) >= max(self.keep, 1):
+                self.bounded += 1  # the quick search times only its best estimates
+                continue
             if self.keep and len(times) >= self.keep:
                 limit = max(times[self.keep - 1], beat)
                 tails = self._tails.get(_tail_key(cfg))
@@ -788,6 +863,38 @@ def rank(candidates: List[Candidate]) -> None:
         if c.cost < best_cost:
             c.pareto = True
             best_cost = c.cost
+
+
+def collapse(candidates: List[Candidate]) -> List[Candidate]:
+    """The ranked candidates with layouts that differ only in a setting that changes nothing
+    predicted -- partition method or ZeRO stage, at the same time (within 0.1%) and memory
+    (within half a percent of the GPU) -- folded into the best of them (its `equivalent`)."""
+    kept: List[Candidate] = []
+    groups: Dict[tuple, List[Candidate]] = {}
+    for c in candidates:
+        l = c.layout
+        key = (l.gpus, l.pipe_parallel_size, l.model_parallel_size,
+               l.train_micro_batch_size_per_gpu, l.gradient_accumulation_steps,
+               l.checkpoint_activations)
+        same = next((k for k in groups.get(key, ())
+                     if abs(k.seconds_per_batch - c.seconds_per_batch) <= 1e-3 * k.seconds_per_batch
+                     and abs(k.max_memory_fraction - c.max_memory_fraction) <= 0.005), None)
+        if same is None:
+            groups.setdefault(key, []).append(c)
+            kept.append(c)
+        else:
+            same.equivalent.append(l)
+    return kept
+
+
+def within_best_interval(candidates: Sequence[Candidate], shown: int) -> int:
+    """How many of the rows after the best (among the `shown` first) the best's 80% interval
+    holds: the profile's error could reorder those."""
+    if not candidates or not candidates[0].interval_seconds:
+        return 0
+    best = candidates[0]
+    high = best.interval_seconds[1] * best.seconds_per_batch / best.iteration_seconds
+    return sum(1 for c in candidates[1:shown] if c.seconds_per_batch <= high)
 
 
 def _order(l: Layout) -> tuple:

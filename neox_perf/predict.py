@@ -10,9 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
-from .errors import UsageError
+from .errors import ProfileError, UsageError
 from .estimate import IterationEstimate, estimate
 from .operators import FP32_FROM_FP16, Decomposition, decompose, stage_shapes
+from .profile.protocol import Profile
+from .profile.sections import Calibration
 
 __all__ = ["Prediction", "stage_shapes", "predict", "load_cluster", "calibration"]
 
@@ -27,7 +29,7 @@ class Prediction:
         return self.estimate.iteration_seconds
 
 
-def predict(cfg, derived, profile, *, precision: Optional[str] = None,
+def predict(cfg, derived, profile: Profile, *, precision: Optional[str] = None,
             transformer_layers: Optional[Sequence[int]] = None) -> Prediction:
     """Time one training iteration of ``cfg`` (already derived) on ``profile``'s cluster.
 
@@ -36,26 +38,45 @@ def predict(cfg, derived, profile, *, precision: Optional[str] = None,
     """
     decomp = decompose(cfg, derived.padded_vocab, stage_shapes(derived, transformer_layers),
                        precision=precision)
-    if calibration(profile).get("dtype") == "fp32" and FP32_FROM_FP16 in decomp.notes:
+    if calibration(profile).dtype == "fp32" and FP32_FROM_FP16 in decomp.notes:
         decomp = replace(decomp, notes=tuple(n for n in decomp.notes if n != FP32_FROM_FP16))
     return Prediction(decomp, estimate(decomp, profile))
 
 
-def calibration(profile) -> dict:
+def calibration(profile: Profile) -> Calibration:
     """Where and how a calibrated profile's samples were timed (its manifest's `calibration`:
-    dtype, device, ...); empty for the bundled profiles and descriptions."""
-    section = (getattr(profile, "manifest", None) or {}).get("calibration")
-    return section if isinstance(section, dict) else {}
+    dtype, device, ...); all None for the bundled profiles and descriptions."""
+    return profile.manifest.calibration or Calibration()
 
 
-def load_cluster(name: Optional[str]):
+def load_cluster(name: Optional[str]) -> Optional[Profile]:
     """A cluster profile by bundled/user name, profile directory or description file; None for
-    None. Every failure is one UsageError line naming the cluster and the fix."""
+    None. A cluster that cannot be used (missing, unreadable, malformed: a ProfileError) is one
+    UsageError line naming it and the fix: the command line named it. Anything else is a bug
+    and stays one."""
     if name is None:
         return None
     from .predictors.profile import load_profile
     try:
         return load_profile(name)
-    except Exception as exc:  # the profile layer raises one-line errors of its own
-        line = getattr(exc, "line", None)
-        raise UsageError(line() if callable(line) else str(exc)) from None
+    except ProfileError as exc:  # the profile layer raises one-line errors of its own
+        raise UsageError(_unknown_cluster(name) or exc.line()) from None
+
+
+def _unknown_cluster(name: str) -> Optional[str]:
+    """A better line than "calibrate it" for a name that is not there: a path that does not
+    exist, or a profile name one typo away from a known one."""
+    import difflib
+    import os
+    if os.path.exists(name):
+        return None  # it is there: the profile layer's own reason stands
+    if os.sep in name or name.endswith((".yml", ".yaml")):
+        return (f"--cluster {name}: no such file or directory (fix: check the path, or name a "
+                f"profile from `neox-perf clusters`)")
+    from .predictors.profile import list_profiles
+    known = [p.name for p in list_profiles()]
+    near = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+    if near:
+        return (f"--cluster {name}: no such cluster profile; did you mean {near[0]}? "
+                f"(fix: --cluster {near[0]})")
+    return None

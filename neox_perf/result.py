@@ -2,13 +2,17 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import List, Optional
 
 from . import exitcodes
 from .config.specs import NeoxConfig
 from .config.tokenizer import RawVocab
-from .config.verdicts import Verdict
+from .config.verdicts import LEVELS, Verdict
+from .profile.facts import ClusterFacts
+from .profile.protocol import Profile
+from .step_terms import StepTermsSection
 
 
 @dataclass
@@ -16,13 +20,15 @@ class CheckResult:
     config: NeoxConfig
     vocab: RawVocab
     warnings: List[str]
-    facts: Optional[object] = None  # ClusterFacts of the profile, if --cluster
+    facts: Optional[ClusterFacts] = None  # the profile's, if --cluster
     profile_name: Optional[str] = None
-    profile: Optional[object] = None  # the ClusterProfile predicted with, if --cluster
+    profile: Optional[Profile] = None  # the profile predicted with, if --cluster
     derived: Optional[object] = None  # DerivedModel, unless a blocking error stopped derivation
     decomposition: Optional[object] = None
     estimate: Optional[object] = None  # IterationEstimate, when a profile was given
     verdicts: List[Verdict] = field(default_factory=list)
+    suggestion: Optional[object] = None  # advice.Suggestion: a layout that fits, or a faster one
+    no_layout: List[str] = field(default_factory=list)  # why no layout fits (out of memory)
     command: str = "check"
     render_hint: str = "check_text"
 
@@ -38,6 +44,38 @@ class CheckResult:
     @property
     def run_iterations(self) -> Optional[int]:
         return self.config.training.train_iters
+
+    def summary(self) -> dict:
+        """The verdict in one line: the worst level and what it means for the job."""
+        worst = max((v.level for v in self.verdicts), key=LEVELS.index, default="ok")
+        errors = [v for v in self.verdicts if v.level == "error"]
+        fails = [v for v in self.verdicts if v.level == "fail"]
+        warnings = [v for v in self.verdicts if v.level == "warning"]
+        if errors:
+            first = re.sub(r" \([^()]*\.py:[\d,-]+\)$", "", errors[0].message)  # no source line
+            text = (f"NeoX would refuse this config: {len(errors)} error{'s' if len(errors) > 1 else ''}"
+                    f" ({first})")
+        elif fails:
+            oom = [v for v in fails if v.code == "out_of_memory"]
+            text = f"will not run as configured: {(oom or fails)[0].message}"
+            if oom and self.suggestion is not None:
+                text += f"; it fits {self.suggestion.where()}as {self.suggestion.describe()}"
+            elif oom:
+                text += f"; no layout of {self.config.parallel.world_size} GPUs fits"
+        else:
+            parts = []
+            fits = next((v for v in self.verdicts if v.code == "fits_in_memory"), None)
+            if fits is not None:
+                parts.append(fits.message)
+            if self.estimate is not None:
+                parts.append(f"{self.estimate.iteration_seconds:.3g} s per iteration")
+            if not parts:
+                parts.append("NeoX accepts this config (no --cluster: memory and time not judged)")
+            if warnings:
+                parts.append(f"{len(warnings)} warning{'s' if len(warnings) > 1 else ''}: "
+                             f"{warnings[0].message.split(';')[0]}")
+            text = "; ".join(parts)
+        return {"level": worst, "text": text, "exit_code": self.exit_code}
 
     def to_dict(self) -> dict:
         cfg, d = self.config, self.derived
@@ -61,6 +99,9 @@ class CheckResult:
             "parameters": _params(d),
             "flops": _plain(d.flops) if d else None,
             "tokens": _plain(d.tokens) if d else None,
+            "verdict": self.summary(),
+            "advice": self.suggestion.to_dict() if self.suggestion is not None else None,
+            "no_layout": list(self.no_layout),
             "verdicts": [dataclasses.asdict(v) for v in self.verdicts],
             "warnings": list(self.warnings),
             "prediction": _prediction(self),
@@ -135,10 +176,16 @@ def _prediction(result: CheckResult) -> Optional[dict]:
         "coverage": coverage_rows(est),
         "notes": list(result.decomposition.notes) if result.decomposition else [],
     }
+    if d is not None:  # what NeoX's own log line would print for this iteration time
+        from .neox_log import units
+        neox = units(cfg, d.padded_vocab, est.iteration_seconds)
+        out["neox_log"] = dict(dataclasses.asdict(neox),
+                               approx_flops_per_gpu_text=neox.approx_flops_per_gpu_text,
+                               line=neox.line())
     flops = d.flops.model_per_iteration if d else None
     if flops:
         out["tflops_per_gpu"] = flops / est.iteration_seconds / world / 1e12
-        peak = getattr(result.facts, "peak_fp16_tflops", None)
+        peak = result.facts.peak_fp16_tflops if result.facts is not None else None
         out["mfu"] = out["tflops_per_gpu"] / peak if peak else None
     iters = cfg.training.train_iters
     if iters:
@@ -147,20 +194,34 @@ def _prediction(result: CheckResult) -> Optional[dict]:
         if est.interval_seconds:
             out["run_hours_interval"] = [s * iters / 3600.0 for s in est.interval_seconds]
             out["run_gpu_hours_interval"] = [s * iters * world / 3600.0 for s in est.interval_seconds]
+        high = est.interval_seconds[1] if est.interval_seconds else est.iteration_seconds
+        out["slurm_time"] = slurm_time(high * iters)
     return out
+
+
+def slurm_time(seconds: float) -> str:
+    """sbatch --time for a run of `seconds`, rounded up to the minute: D-HH:MM:SS (Slurm's
+    "days-hours:minutes:seconds" form)."""
+    import math
+    minutes = max(1, math.ceil(seconds / 60.0))
+    days, minutes = divmod(minutes, 24 * 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{days}-{hours:02d}:{minutes:02d}:00"
 
 
 def coverage_rows(est) -> List[dict]:
     """Per operator and phase, how its least-covered shape lies against the samples."""
     return [{"what": what, "state": c.state, "factor": c.factor, "detail": c.detail}
-            for what, c in (getattr(est, "coverage", None) or {}).items()]
+            for what, c in est.coverage.items()]
 
 
-def _step_terms(profile) -> Optional[dict]:
+def _step_terms(profile: Optional[Profile]) -> Optional[dict]:
     """What the profile adds to the operator sum, and where it was measured."""
     if profile is None:
         return None
-    section = (getattr(profile, "manifest", None) or {}).get("step_terms") or {}
-    return {"applied": bool(section.get("terms")), "terms": section.get("terms"),
-            "source": section.get("fitted_on", "none: the plain sum of operator predictions"),
-            "cross_validation": section.get("cross_validation")}
+    section = profile.manifest.step_terms or StepTermsSection()
+    return {"applied": section.terms is not None,
+            "terms": section.terms.to_dict() if section.terms is not None else None,
+            "source": section.fitted_on if section.fitted_on is not None
+            else "none: the plain sum of operator predictions",
+            "cross_validation": section.cross_validation}

@@ -2,19 +2,23 @@
 
 The published samples time each operator alone: the GPU span from its first kernel to its
 last, warmed up, nothing before or after it. A real step runs hundreds of operators back to
-back, and measured end-to-end iterations (predictors/devset.py) are systematically slower than
+back, and measured end-to-end iterations (predictors/fitting/devset.py) are systematically slower than
 that sum -- most where each kernel does little work (small hidden sizes, small micro-batches,
 wide tensor parallelism). The terms below are that difference, each with a physical meaning,
-fitted on measured end-to-end runs (predictors/step_fit.py) and cross-validated on layouts
+fitted on measured end-to-end runs (predictors/fitting/step_fit.py) and cross-validated on layouts
 they were not fitted on. A profile without them predicts the plain operator sum.
 
-Also here: the interval a profile's measured residuals put around every prediction.
+Also here: the interval a profile's measured residuals put around every prediction, and the
+manifest's "step_terms" section that carries both (StepTermsSection, parsed once with the
+manifest: neox_perf/profile/manifest.py).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Dict, Mapping, Optional, Tuple
+
+from .errors import ProfileError, reading, text
 
 # Operators whose time is set by arithmetic throughput; the rest are memory-bound.
 COMPUTE_BOUND = frozenset({"linear1", "linear2", "linear3", "linear4", "linear_final", "qk", "av",
@@ -138,7 +142,11 @@ class Interval:
         return replace(self, lo_ratio=self.lo_ratio / (1 + relative), hi_ratio=self.hi_ratio * (1 + relative))
 
     def to_dict(self) -> Dict[str, float]:
-        return asdict(self)
+        # the upward skew is a regime's (Intervals.of), never fitted: stored only where set
+        out = asdict(self)
+        if not self.upward_per_inter_node:
+            del out["upward_per_inter_node"]
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Interval":
@@ -197,43 +205,115 @@ class Intervals:
         """One interval for every regime (a profile measured on one machine only)."""
         return cls(interval, interval)
 
+
+
+REFIT = "refit them (benchmarks/endtoend.py --write-terms, or `neox-perf calibrate --from-run`)"
+# the section's keys in the order its writers write them (benchmarks/endtoend.py)
+SECTION_ORDER = ("terms", "interval", "intervals", "fitted_on", "fitted_gpu", "other_gpu_widen",
+                 "assumptions", "cross_validation", "interval_coverage", "command")
+# regimes whose interval the section stores beside `interval` (inside a node), by key
+STORED_REGIMES = {"across_nodes": ACROSS_NODES}
+
+
+@dataclass(frozen=True)
+class StepTermsSection:
+    """The manifest's "step_terms" section: the terms, the interval the development set's
+    cross-validated residuals put around a prediction, and where both were fitted."""
+
+    terms: Optional[StepTerms] = None  # None: the plain sum of operator predictions
+    interval: Optional[Interval] = None  # inside a node (older sections: every regime)
+    intervals: Optional[Mapping[str, Interval]] = None  # other regimes', by STORED_REGIMES key
+    fitted_on: Optional[str] = None  # what the terms were fitted on, for the reports
+    fitted_gpu: Optional[str] = None  # the GPU of those runs (the interval widens on another)
+    other_gpu_widen: Optional[float] = None  # relative widening of the interval on another GPU
+    cross_validation: Optional[Mapping[str, Any]] = None  # the fit's cross-validated errors
+    extra: Mapping[str, Any] = field(default_factory=dict)  # assumptions, command, ... as written
+    # the terms as the file wrote them: written back while they still say the same (a section
+    # written before a term existed lacks it, and reads it at its default)
+    terms_as_read: Optional[Mapping[str, Any]] = field(default=None, compare=False, repr=False)
+
     @classmethod
-    def from_section(cls, section: Mapping[str, Any]) -> Optional["Intervals"]:
-        """From a step_terms section: `interval` (inside a node; older profiles carry only this,
-        and then it serves every regime) and `intervals.across_nodes`."""
-        if not section.get("interval"):
+    def parse(cls, data: Mapping[str, Any], where: str = "step_terms") -> "StepTermsSection":
+        if not isinstance(data, Mapping):
+            raise ProfileError(where, "not a mapping", REFIT)
+        out: Dict[str, Any] = {}
+        with reading(f"{where}.terms", REFIT):
+            out["terms"] = None if data.get("terms") is None else StepTerms.from_dict(data["terms"])
+        with reading(f"{where}.interval", REFIT):
+            out["interval"] = None if data.get("interval") is None else Interval.from_dict(data["interval"])
+        regimes = data.get("intervals")
+        if regimes is not None:
+            if not isinstance(regimes, Mapping) or set(regimes) - set(STORED_REGIMES):
+                raise ProfileError(f"{where}.intervals", "not a mapping of "
+                                   + ", ".join(STORED_REGIMES) + " to intervals", REFIT)
+            parsed = {}
+            for key, value in regimes.items():
+                with reading(f"{where}.intervals.{key}", REFIT):
+                    parsed[key] = Interval.from_dict(value)
+            out["intervals"] = parsed
+        for key, kind in (("fitted_on", text), ("fitted_gpu", text), ("other_gpu_widen", float)):
+            with reading(f"{where}.{key}", REFIT):
+                out[key] = None if data.get(key) is None else kind(data[key])
+        cv = data.get("cross_validation")
+        if cv is not None and not isinstance(cv, Mapping):
+            raise ProfileError(f"{where}.cross_validation", "not a mapping", REFIT)
+        return cls(**out, cross_validation=cv,
+                   extra={k: v for k, v in data.items() if k not in _TYPED},
+                   terms_as_read=data.get("terms"))
+
+    def to_dict(self) -> Dict[str, Any]:
+        values: Dict[str, Any] = dict(self.extra)
+        for key in _TYPED:
+            v = getattr(self, key)
+            if key == "intervals" and v is not None:
+                values[key] = {k: iv.to_dict() for k, iv in v.items()}
+            elif key == "terms" and v is not None and self.terms_as_read is not None \
+                    and StepTerms.from_dict(self.terms_as_read) == v:
+                values[key] = self.terms_as_read
+            elif v is not None:
+                values[key] = v.to_dict() if hasattr(v, "to_dict") else v
+        return {**{k: values[k] for k in SECTION_ORDER if k in values},
+                **{k: v for k, v in values.items() if k not in SECTION_ORDER}}
+
+
+    def regime_intervals(self) -> Optional[Intervals]:
+        """The interval of every regime: inside a node from `interval`, across nodes from
+        `intervals.across_nodes` (the inside one where a section has none)."""
+        if self.interval is None:
             return None
-        inside = Interval.from_dict(section["interval"])
-        across = (section.get("intervals") or {}).get("across_nodes")
-        return cls(inside, Interval.from_dict(across) if across else inside)
+        across = (self.intervals or {}).get("across_nodes")
+        return Intervals(self.interval, across or self.interval)
 
 
-# A calibrated profile's own validation runs (neox_perf/profile_validation.py): once there are
-# enough, their residuals give its interval.
-VALIDATION_SECTION = "validation"
+_TYPED = tuple(f.name for f in fields(StepTermsSection) if f.name not in ("extra", "terms_as_read"))
+
+
+# A calibrated profile's own validation runs (neox_perf/profile_validation.py, the manifest's
+# sections.Validation): once there are enough, their residuals give its interval.
 VALIDATION_MIN_RUNS = 5  # an 80% interval needs a tail on each side: fewer cannot place one
 
 
 def of_profile(profile) -> Tuple[StepTerms, Optional[Intervals]]:
     """The step terms and intervals a profile's manifest carries (identity and None without);
-    a calibrated profile's interval from its own validation runs comes first.
+    a calibrated profile's interval from its own validation runs comes first. ``profile``: a
+    neox_perf.profile.protocol.Profile.
 
     Terms measured on one GPU and applied to another (a description transferred to another
     GPU, or a profile whose end-to-end runs came from elsewhere) keep their values, but the
     intervals widen by the section's `other_gpu_widen`: the operator error measured when one
     GPU's samples predict another's (benchmarks/transfer_gpu.py)."""
-    manifest = getattr(profile, "manifest", None) or {}
-    section = manifest.get("step_terms") or {}
-    terms = StepTerms.from_dict(section["terms"]) if section.get("terms") else StepTerms()
-    own = manifest.get(VALIDATION_SECTION) or {}
-    if own.get("interval") and len(own.get("runs") or []) >= VALIDATION_MIN_RUNS:
+    manifest = profile.manifest
+    section = manifest.step_terms or StepTermsSection()
+    terms = section.terms or StepTerms()
+    own = manifest.validation
+    if own is not None and own.interval is not None and len(own.runs) >= VALIDATION_MIN_RUNS:
         # measured on this profile's own machine: nothing to widen for another GPU
-        return terms, Intervals.single(Interval.from_dict(own["interval"]))
-    intervals = Intervals.from_section(section)
-    fitted_gpu = section.get("fitted_gpu")
-    gpu = getattr(getattr(profile, "facts", None), "gpu_name", None)
-    if intervals is not None and fitted_gpu and gpu and not _same_gpu(fitted_gpu, gpu):
-        intervals = intervals.widened(float(section.get("other_gpu_widen", 0.0)))
+        return terms, Intervals.single(own.interval)
+    intervals = section.regime_intervals()
+    if intervals is not None and section.fitted_gpu:
+        gpu = profile.facts.gpu_name
+        if gpu and not _same_gpu(section.fitted_gpu, gpu):
+            intervals = intervals.widened(section.other_gpu_widen or 0.0)
     return terms, intervals
 
 

@@ -1,11 +1,14 @@
 """Per-cluster operator and collective time regressors (neox_perf.predictors).
 
-Loading and predicting need numpy only; training (`python -m neox_perf.predictors.train`)
+Loading and predicting need numpy only; training (`python -m neox_perf.predictors.fitting.train`)
 needs scikit-learn and XGBoost, imported only there.
 """
+from neox_perf.profile.facts import ClusterFacts, Link
+from neox_perf.profile.values import BatchPrediction, Prediction, ProfileInfo
+
 from .errors import ProfileError, SampleFileError
-from .facts import ClusterFacts, Link
-from .profile import BatchPrediction, ClusterProfile, Prediction, ProfileInfo, list_profiles, load_profile
+from .profile import list_profiles, load_profile
+from .sampled import ClusterProfile
 
 __all__ = [
     "BatchPrediction", "ClusterFacts", "ClusterProfile", "Link", "Prediction", "ProfileError",

@@ -1,4 +1,4 @@
-"""The on-disk form of a profile: constants, the arrays file, and one model's view of it.
+"""A profile's trees: the arrays file, and one model's view of its manifest entry and trees.
 
 Only numpy and the standard library: loaded on the fast `check` path.
 """
@@ -9,30 +9,19 @@ import io
 import re
 import struct
 import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
+from neox_perf.profile.models import ModelEntry
+from neox_perf.profile.sections import RETRAIN
+from neox_perf.profile.values import Coverage
+
 from .errors import ProfileError
 from .forest import Forest, log_features
 
-SCHEMA = "neox-perf-profile"
-SCHEMA_VERSION = 1
-MANIFEST_FILE = "manifest.json"
-ARRAYS_FILE = "arrays.npz"
-ARRAY_KEYS = ("feature", "threshold", "right", "value", "roots")
-RETRAIN = "retrain it with `python -m neox_perf.predictors.train`"
-
-
-@dataclass(frozen=True)
-class Coverage:
-    """A query against the samples of the model that predicts it."""
-
-    state: str  # sampled | interpolated (between grid points) | in range (no grid) | extrapolated
-    factor: float  # how far past the sampled range, as a ratio (1.0 inside)
-    detail: str  # the feature furthest outside, e.g. "m=8192 vs the sampled maximum 2048"
+ARRAY_KEYS = ("feature", "threshold", "right", "value", "roots")  # per forest: "m<i>.<key>"
 
 
 def _on(v: float, grid) -> bool:
@@ -42,7 +31,7 @@ def _on(v: float, grid) -> bool:
 class Model:
     """One op/phase (or collective): baseline coefficients, sampled ranges, lazily read trees."""
 
-    def __init__(self, key: str, entry: dict, arrays: Optional["Arrays"]):
+    def __init__(self, key: str, entry: ModelEntry, arrays: Optional["Arrays"]):
         self.key = key
         self.derived_from: Optional[str] = None
         self.derived_scale: Optional[str] = None
@@ -51,32 +40,31 @@ class Model:
         self._forest: Optional[Forest] = None
         self._forest_entry = None
         self._arrays = arrays
-        if "derived" in entry:
-            d = entry["derived"]
-            self.derived_from, self.derived_scale, self.derived_reason = d["from_phase"], d["scale"], d["reason"]
+        if entry.derived is not None:
+            d = entry.derived
+            self.derived_from, self.derived_scale, self.derived_reason = d.from_phase, d.scale, d.reason
             return
-        self.features: Tuple[str, ...] = tuple(entry["features"])
-        self.lo = [float(entry["ranges"][n][0]) for n in self.features]
-        self.hi = [float(entry["ranges"][n][1]) for n in self.features]
-        self.grid = {n: frozenset(float(v) for v in vs) for n, vs in (entry.get("grid") or {}).items()}
-        self.coef = np.asarray(entry["baseline"]["coef"], dtype=float)
+        self.features: Tuple[str, ...] = entry.features
+        self.lo = [entry.ranges[n][0] for n in self.features]
+        self.hi = [entry.ranges[n][1] for n in self.features]
+        self.grid = {n: frozenset(vs) for n, vs in (entry.grid or {}).items()}
+        self.coef = np.asarray(entry.baseline.coef, dtype=float)
         self.coef_list = [float(c) for c in self.coef]
-        self.tree_columns: Tuple[int, ...] = tuple(self.features.index(n) for n in entry["tree_features"])
-        if "forest" in entry:
-            self._forest_entry = entry["forest"]
-            if arrays is None or not arrays.has(entry["forest"]["arrays"]):
-                raise ValueError(f"{key}: trees {entry['forest'].get('arrays')!r} missing from the arrays file")
-        if "topologies" in entry:
-            self.topologies = {(t["nodes"], t["gpus_per_node"]): tuple(t["elements"])
-                               for t in entry["topologies"].values()}
+        self.tree_columns: Tuple[int, ...] = tuple(self.features.index(n) for n in entry.tree_features)
+        if entry.forest is not None:
+            self._forest_entry = entry.forest
+            if arrays is None or not arrays.has(entry.forest.arrays):
+                raise ValueError(f"{key}: trees {entry.forest.arrays!r} missing from the arrays file")
+        if entry.topologies is not None:
+            self.topologies = {(t.nodes, t.gpus_per_node): t.elements for t in entry.topologies.values()}
 
     @property
     def forest(self) -> Optional[Forest]:
         if self._forest is None and self._forest_entry is not None:
             f = self._forest_entry
-            forest = Forest(*self._arrays.get(f["arrays"]), int(f["depth"]), f["combine"], float(f["base"]))
+            forest = Forest(*self._arrays.get(f.arrays), f.depth, f.combine, f.base)
             n = forest.n_nodes
-            if (n != f["nodes"] or len(forest.roots) != f["trees"] or not n
+            if (n != f.nodes or len(forest.roots) != f.trees or not n
                     or forest.right.min() < 0 or forest.right.max() >= n
                     or forest.roots.min() < 0 or forest.roots.max() >= n
                     or forest.feature.min() < 0 or forest.feature.max() >= len(self.tree_columns)):

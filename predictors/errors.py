@@ -1,7 +1,7 @@
 """Errors of the predictors: one line each, naming the file and how to fix it."""
 from __future__ import annotations
 
-from neox_perf.errors import NeoxPerfError, PathError
+from neox_perf.errors import NeoxPerfError, ProfileError  # noqa: F401 (a predictor error too)
 
 
 class SampleFileError(NeoxPerfError):
@@ -13,7 +13,3 @@ class SampleFileError(NeoxPerfError):
         self.line_no = line
         where = f"{self.path}:{line}" if line is not None else self.path
         super().__init__(" ".join(f"{where}: {problem}".split()))
-
-
-class ProfileError(PathError):
-    """A cluster profile is missing, corrupt, or not a neox-perf profile."""

@@ -1,393 +1,41 @@
-"""Cluster profiles: loading the trained artifacts and predicting operator / collective times.
+"""Loading a cluster profile: a bundled or user profile by name, a profile directory, or a
+cluster description (`cluster.yml` in a profile directory, or any YAML file: cluster_file.py).
 
-A profile is a directory with `manifest.json` (facts, provenance, per-model metadata) and
-`arrays.npz` (all exported trees, read with allow_pickle=False), or a cluster description
-(`cluster.yml` in a profile directory, or any YAML file: cluster_file.py) whose predictions
-are a sampled base profile's transferred to the described hardware (transfer.py). Only numpy and the
-standard library are imported here: `neox-perf check` loads profiles on its fast path.
-
-    >>> p = load_profile("perlmutter-a100-80gb")
-    >>> p.predict("linear1", "fwd", {"m": 8192, "k": 6144, "n": 18432}).seconds
-    >>> p.predict_collective("allreduce", elements=50_000_000, nodes=2, gpus_per_node=4)
+Above both kinds of profile: a sampled one (sampled.py: the trained regressors of one cluster)
+or a description's (transfer.py: a sampled base profile's predictions transferred to the
+described hardware). Loading never executes code: JSON, YAML safe_load and npz without pickle.
 """
 from __future__ import annotations
 
-import json
-import math
-import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Tuple, Union
+from typing import Dict, List, Tuple, Union
 
-import numpy as np
+from neox_perf.profile import directory as profile_dir
+from neox_perf.profile.directory import bundled_dir, user_profiles_dir
+from neox_perf.profile.sections import RETRAIN
+from neox_perf.profile.values import ProfileInfo
 
-from neox_perf import opspec
-
-from . import baseline, extrapolate
+from .artifacts import Arrays
 from .cluster_file import DESCRIPTION_FILE, is_description
-from .artifacts import MANIFEST_FILE, RETRAIN, SCHEMA, SCHEMA_VERSION, Arrays, Coverage, Model
 from .errors import ProfileError
-from .facts import ClusterFacts
-
-
-
-def _bundled_dir() -> Path:
-    # installed: neox_perf/profiles next to neox_perf/__init__.py; source tree: the same folder
-    import neox_perf
-    return Path(neox_perf.__file__).resolve().parent / "profiles"
-
-
-def is_bundled(path) -> bool:
-    """Whether a profile directory is one this package ships (read-only: never written)."""
-    return Path(path).resolve().parent == _bundled_dir().resolve()
-
-
-def user_profiles_dir() -> Path:
-    """Where `neox-perf calibrate` writes profiles: $NEOX_PERF_HOME/profiles, by default
-    ~/.cache/neox-perf/profiles. Read at every call, so a changed variable takes effect."""
-    home = os.environ.get("NEOX_PERF_HOME")
-    return (Path(home) if home else Path("~/.cache/neox-perf")).expanduser() / "profiles"
-
-
-@dataclass(frozen=True)
-class Prediction:
-    seconds: float
-    extrapolated: bool
-    reason: str = ""
-
-
-@dataclass(frozen=True)
-class BatchPrediction:
-    seconds: np.ndarray
-    extrapolated: np.ndarray  # bool per query
-    reasons: Tuple[str, ...]  # "" where not extrapolated
-
-    def __len__(self) -> int:
-        return len(self.seconds)
-
-    def __getitem__(self, i: int) -> Prediction:
-        return Prediction(float(self.seconds[i]), bool(self.extrapolated[i]), self.reasons[i])
-
-
-@dataclass(frozen=True)
-class ProfileInfo:
-    name: str
-    path: Path
-    gpu: str
-    provenance: str
-    description: bool = False  # a cluster description (transferred), not a sampled profile
-
-
-class ClusterProfile:
-    """Trained regressors of one cluster. Build with load_profile()."""
-
-    def __init__(self, path: Path, manifest: dict, arrays: Optional[Arrays]):
-        self.path = path
-        self.manifest = manifest
-        self.name: str = manifest["name"]
-        self.facts: ClusterFacts = ClusterFacts.from_dict(manifest["facts"])
-        # Collective samples count elements of the dtype they were measured in: fp16 for the
-        # published NCCL samples, the calibration's dtype for a profile of your own.
-        self.collective_dtype: str = (manifest.get("calibration") or {}).get("dtype") or "fp16"
-        # the element size its operator samples moved: what a stand-in's byte ratio is taken at
-        self.dtype_bytes: int = 4 if self.collective_dtype == "fp32" else opspec.FP16_BYTES
-        self._ops: Dict[Tuple[str, str], Model] = {}
-        self._colls: Dict[str, Model] = {}
-        self._cache: Dict[tuple, Prediction] = {}
-        # efficiency curves past the sampled range: only profiles whose trainer fitted them
-        # (local calibrations); bundled profiles keep baseline x trees everywhere
-        self._curves: Dict[Tuple[str, str], object] = {}
-        use_curves = manifest.get("extrapolation") == extrapolate.MARKER
-        for op, phases in manifest["operators"].items():
-            for phase, entry in phases.items():
-                self._ops[(op, phase)] = Model(f"{op}/{phase}", entry, arrays)
-                if use_curves and "efficiency" in entry:
-                    self._curves[(op, phase)] = extrapolate.Curve.from_entry(entry["features"],
-                                                                             entry["efficiency"])
-        for kind, entry in manifest["collectives"].items():
-            self._colls[kind] = Model(kind, entry, arrays)
-
-    # ---- operators -------------------------------------------------------------------
-    def operators(self) -> List[Tuple[str, str]]:
-        """(op, phase) pairs this profile can predict."""
-        return sorted(self._ops)
-
-    def predict(self, op: str, phase: str, features: Mapping[str, float]) -> Prediction:
-        """Seconds for one operator call on one rank (one micro-batch, one tensor-parallel shard).
-
-        features: the op's generic per-rank shape, see neox_perf.opspec.OPS[op].features.
-        """
-        spec = opspec.op_spec(op)
-        try:
-            values = tuple(float(features[n]) for n in spec.features)
-        except (KeyError, TypeError):
-            values = None
-        if values is None or len(features) != len(spec.features):
-            return self.predict_many(op, phase, features)[0]  # raises the precise error
-        key = (op, phase, values)
-        hit = self._cache.get(key)
-        if hit is not None:
-            return hit
-        if self._stand_in(op, phase) is not None:
-            return self.predict_many(op, phase, features)[0]
-        model = self._model_for(op, phase, spec)
-        _check_values(op, spec.features, values)
-        if model.derived_from is not None or ((op, phase) in self._curves
-                                              and model.out_of_range_one(values)):
-            out = self.predict_many(op, phase, features)[0]
-        else:
-            c = model.coef_list
-            feats = dict(zip(spec.features, values))
-            base = (c[0] + c[1] * float(opspec.op_flops(op, phase, feats))
-                    + c[2] * float(opspec.op_bytes(op, phase, feats)))
-            reason = model.out_of_range_one(values)
-            out = Prediction(base * math.exp(model.residual_one(values)), bool(reason), reason)
-        if len(self._cache) < 100_000:
-            self._cache[key] = out
-        return out
-
-    def _stand_in(self, op: str, phase: str) -> Optional[Tuple[str, str]]:
-        """The sampled (operator, phase) predicting ``op`` when this profile has no model of it."""
-        src = opspec.STAND_INS.get(op)
-        if src is None or (op, phase) in self._ops or src not in self._ops:
-            return None
-        return src
-
-    def _model_for(self, op: str, phase: str, spec) -> Model:
-        if phase not in spec.phases:
-            raise ValueError(f"operator {op!r} has phases {', '.join(spec.phases)}, not {phase!r}")
-        model = self._ops.get((op, phase))
-        if model is None:
-            raise ProfileError(self.path, f"profile {self.name} has no model for {op}/{phase}",
-                               "use a profile trained with samples for this operator")
-        return model
-
-    def coverage(self, op: str, phase: str, features: Mapping[str, float]) -> Coverage:
-        """Whether the samples of the model predicting this call cover its shape: sampled,
-        interpolated, or extrapolated and how far (a derived phase answers with its source's)."""
-        src = self._stand_in(op, phase)
-        if src is not None:
-            return self.coverage(*src, features)
-        spec = opspec.op_spec(op)
-        model = self._model_for(op, phase, spec)
-        if model.derived_from is not None:
-            model = self._model_for(op, model.derived_from, spec)
-        return model.coverage_one(tuple(float(features[n]) for n in spec.features))
-
-    def predict_many(self, op: str, phase: str, features: Mapping[str, object]) -> BatchPrediction:
-        """Vectorised predict: each feature a scalar or an array (broadcast together)."""
-        spec = opspec.op_spec(op)
-        if phase not in spec.phases:
-            raise ValueError(f"operator {op!r} has phases {', '.join(spec.phases)}, not {phase!r}")
-        missing = [n for n in spec.features if n not in features]
-        extra = [n for n in features if n not in spec.features]
-        if missing or extra:
-            raise ValueError(f"{op} takes features {', '.join(spec.features)}"
-                             + (f"; missing {', '.join(missing)}" if missing else "")
-                             + (f"; unknown {', '.join(extra)}" if extra else ""))
-        try:
-            cols = [np.asarray(c, dtype=float).ravel()
-                    for c in np.broadcast_arrays(*(np.asarray(features[n], dtype=float) for n in spec.features))]
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"{op}: features must be numbers or arrays of numbers ({exc})") from None
-        for name, col in zip(spec.features, cols):
-            ok = np.isfinite(col) & ((col >= 0) if name == "causal" else (col > 0))
-            if not np.all(ok):
-                _check_values(op, (name,), (float(col[~ok][0]),))
-        feats = dict(zip(spec.features, cols))
-        src = self._stand_in(op, phase)
-        if src is not None:
-            pred = self.predict_many(*src, feats)
-            seconds = pred.seconds * opspec.stand_in_ratio(op, phase, feats, self.dtype_bytes)
-            return BatchPrediction(seconds, pred.extrapolated, pred.reasons)
-        model = self._model_for(op, phase, spec)
-        if model.derived_from is not None:
-            src = self.predict_many(op, model.derived_from, feats)
-            seconds = src.seconds
-            reasons = list(src.reasons)
-            extrapolated = src.extrapolated.copy()
-            if model.derived_scale == "flop_ratio":
-                seconds = seconds * (np.asarray(opspec.op_flops(op, phase, feats), dtype=float)
-                                     / np.asarray(opspec.op_flops(op, model.derived_from, feats), dtype=float))
-                note = f"{op}/{phase} not measured reliably, {model.derived_reason}"
-                reasons = [f"{note}; {r}" if r else note for r in reasons]
-                extrapolated[:] = True
-            return BatchPrediction(seconds, extrapolated, tuple(reasons))
-        base = baseline.evaluate(baseline.roofline_design(op, phase, feats), model.coef)
-        log_ratio = model.residual(cols)
-        reasons = model.out_of_range(cols)
-        curve = self._curves.get((op, phase))
-        outside = np.array([bool(r) for r in reasons])
-        if curve is not None and outside.any():
-            sub = [c[outside] for c in cols]
-            log_ratio = log_ratio.copy()
-            log_ratio[outside] = extrapolate.extrapolated_log_ratio(
-                curve, spec.features, sub, log_ratio[outside], model.lo, model.hi)
-            reasons = [f"{r}; efficiency curve past the samples" if r else r for r in reasons]
-        seconds = base * np.exp(log_ratio)
-        return BatchPrediction(seconds, np.array([bool(r) for r in reasons]), tuple(reasons))
-
-    # ---- collectives -----------------------------------------------------------------
-    def collectives(self) -> List[str]:
-        return sorted(self._colls)
-
-    def predict_collective(self, kind: str, elements: float, nodes: int, gpus_per_node: int) -> Prediction:
-        """Seconds for one NCCL collective over nodes x gpus_per_node ranks.
-
-        elements: fp16 elements per rank as in the samples -- the reduced tensor (allreduce),
-        each rank's input chunk (allgather), the tensor sent (p2p). For p2p, nodes=1 means both
-        ends in one node, nodes>1 that it crosses nodes. One rank in total takes 0 s.
-        """
-        elements, nodes, gpus_per_node = collective_args(self, kind, elements, nodes, gpus_per_node)
-        if nodes * gpus_per_node == 1 or elements == 0:
-            return Prediction(0.0, False, "")
-        key = (kind, elements, nodes, gpus_per_node)
-        hit = self._cache.get(key)
-        if hit is not None:
-            return hit
-        model = self._colls.get(kind)
-        if model is None:
-            raise ProfileError(self.path, f"profile {self.name} has no model for {kind}",
-                               "use a profile trained with samples for this collective")
-        if kind == "p2p":
-            # one sender, one receiver: only whether the pair crosses nodes matters
-            nodes, gpus_per_node = (2, 1) if nodes > 1 else (1, 2)
-        topo = (nodes, gpus_per_node)
-        sampled = topo in model.topologies
-        lo = model.topologies[topo][0] if sampled else model.lo[model.features.index("elements")]
-        if elements < lo * (1 - 1e-9):
-            seconds = self._below_samples(kind, model, elements, lo, nodes, gpus_per_node, sampled)
-        else:
-            seconds = self._collective_seconds(kind, model, elements, nodes, gpus_per_node, sampled)
-        if not sampled:
-            listed = ", ".join(f"{a}x{b}" for a, b in sorted(model.topologies))
-            out = Prediction(seconds, True, f"{kind}: topology {nodes} nodes x {gpus_per_node} GPUs/node "
-                                            f"never sampled (sampled: {listed}); alpha-beta baseline only")
-        else:
-            hi = model.topologies[topo][1]
-            reason = ""
-            if not lo * (1 - 1e-9) <= elements <= hi * (1 + 1e-9):
-                side = "below the sampled minimum" if elements < lo else "above the sampled maximum"
-                reason = (f"{kind}: elements={elements:g} {side} {lo if elements < lo else hi:g} "
-                          f"for {nodes} nodes x {gpus_per_node} GPUs/node"
-                          + ("; NCCL latency model below it" if elements < lo else ""))
-            out = Prediction(seconds, bool(reason), reason)
-        if len(self._cache) < 100_000:
-            self._cache[key] = out
-        return out
-
-    def _collective_seconds(self, kind, model, elements, nodes, gpn, sampled) -> float:
-        design = baseline.collective_design(kind, elements, nodes, gpn, self.facts.inter_node_link.lanes)
-        seconds = float(baseline.evaluate(design, model.coef)[0])
-        if sampled:
-            seconds *= math.exp(model.residual_one((elements, float(nodes), float(gpn))))
-        return seconds
-
-    def _below_samples(self, kind, model, elements, lo, nodes, gpn, sampled) -> float:
-        """Below the smallest sample the fitted alpha is not identified (the samples sit far
-        above the latency-bound range), so NCCL's documented latency replaces it: latency +
-        wire bytes at the bandwidth the prediction implies at the smallest sample, which meets
-        the sampled prediction there and never drops under the latency floor."""
-        floor = baseline.collective_latency(kind, nodes, gpn)
-        at_lo = self._collective_seconds(kind, model, lo, nodes, gpn, sampled)
-        if at_lo > floor:
-            return floor + (at_lo - floor) * elements / lo  # wire bytes are linear in elements
-        design = baseline.collective_design(kind, elements, nodes, gpn, self.facts.inter_node_link.lanes)
-        return floor + float(baseline.evaluate(design[:, 2:], np.asarray(model.coef)[2:])[0])
-
-    def info(self) -> ProfileInfo:
-        return _info(self.path, self.manifest)
-
-    def __repr__(self) -> str:
-        return f"ClusterProfile({self.name!r}, gpu={self.facts.gpu_name!r}, path={str(self.path)!r})"
-
-
-def collective_args(profile, kind: str, elements, nodes, gpus_per_node) -> Tuple[float, int, int]:
-    """(elements, nodes, gpus_per_node) of a collective query, checked against the profile's
-    cluster; every profile kind (sampled or described) refuses the same bad queries."""
-    if kind not in opspec.COLLECTIVES:
-        raise ValueError(f"unknown collective {kind!r}; known: {', '.join(opspec.COLLECTIVES)}")
-    for name, v in (("nodes", nodes), ("gpus_per_node", gpus_per_node)):
-        if int(v) != v or v < 1:
-            raise ValueError(f"{name} must be a whole number >= 1, got {v!r}")
-    nodes, gpus_per_node = int(nodes), int(gpus_per_node)
-    if gpus_per_node > profile.facts.gpus_per_node:
-        raise ValueError(f"{profile.name} has {profile.facts.gpus_per_node} GPUs per node, not {gpus_per_node}")
-    elements = float(elements)
-    if not math.isfinite(elements) or elements < 0:
-        raise ValueError(f"elements must be finite and >= 0, got {elements!r}")
-    return elements, nodes, gpus_per_node
-
-
-def _check_values(op: str, names, values) -> None:
-    for name, v in zip(names, values):
-        if not (math.isfinite(v) and (v >= 0 if name == "causal" else v > 0)):
-            raise ValueError(f"{op}: feature {name} must be finite and {'>= 0' if name == 'causal' else '> 0'}, "
-                             f"got {v!r}")
-
-
-def _info(path: Path, manifest: dict) -> ProfileInfo:
-    prov = manifest.get("provenance", {})
-    versions = manifest.get("training", {}).get("library_versions", {})
-    text = f"{prov.get('source', 'unknown source')}, {prov.get('license', 'unknown license')} licence"
-    if versions:
-        text += "; trained with " + ", ".join(f"{k} {v}" for k, v in versions.items() if k != "python")
-    return ProfileInfo(manifest["name"], path, manifest["facts"]["gpu_name"], text)
-
-
-def _read_manifest(directory: Path) -> dict:
-    path = directory / MANIFEST_FILE
-    if not path.is_file():
-        raise ProfileError(path, "profile manifest not found", f"point at a profile directory or {RETRAIN}")
-    try:
-        with open(path, encoding="utf-8") as fh:
-            manifest = json.load(fh)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProfileError(path, f"unreadable profile manifest ({exc})", RETRAIN) from None
-    if not isinstance(manifest, dict) or manifest.get("schema") != SCHEMA:
-        raise ProfileError(path, "not a neox-perf cluster profile (no schema "
-                                 f"{SCHEMA!r})", "point at a directory written by neox_perf.predictors.train")
-    version = manifest.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise ProfileError(path, f"profile schema version {version!r}, this neox-perf reads {SCHEMA_VERSION}",
-                           f"use the neox-perf that wrote it or {RETRAIN}")
-    for key in ("name", "facts", "operators", "collectives"):
-        if key not in manifest:
-            raise ProfileError(path, f"profile manifest lacks {key!r}", RETRAIN)
-    return manifest
-
-
-def _read_arrays(directory: Path, manifest: dict) -> Optional[Arrays]:
-    spec = manifest.get("arrays") or {}
-    if not spec.get("file"):
-        return None
-    path = directory / spec["file"]
-    if not path.is_file():
-        raise ProfileError(path, "profile arrays file not found", RETRAIN)
-    return Arrays(path, spec.get("sha256"))
-
+from .sampled import ClusterProfile, info_of
 
 _LOADED: Dict[Tuple[str, int], ClusterProfile] = {}
-
-
-def _is_profile_dir(path: Path) -> bool:
-    return (path / MANIFEST_FILE).is_file() or (path / DESCRIPTION_FILE).is_file()
 
 
 def _resolve(name_or_path: Union[str, Path]) -> Path:
     """A profile directory (manifest.json or a cluster.yml description inside) or a
     description file."""
     text = str(name_or_path)
-    bundled = _bundled_dir()
     if isinstance(name_or_path, str) and "/" not in text and "\\" not in text:
         # a bare name: bundled first, so a user profile can never shadow a published one
-        for root in (bundled, user_profiles_dir()):
-            if (root / text).is_dir():
+        for root in (bundled_dir(), user_profiles_dir()):
+            if _present(root / text):
                 return root / text
     path = Path(name_or_path).expanduser()
-    if path.is_file() and path.name == MANIFEST_FILE:
+    if profile_dir.is_manifest(path):
         return path.parent
-    if path.is_dir() or is_description(path):
+    if _present(path) or is_description(path):
         return path
     names = ", ".join(p.name for p in list_profiles()) or "none found"
     raise ProfileError(text, "no such cluster profile",
@@ -395,12 +43,19 @@ def _resolve(name_or_path: Union[str, Path]) -> Path:
                        f"YAML, or create one with `neox-perf calibrate --cluster {text}`")
 
 
+def _present(path: Path) -> bool:
+    """A directory there, or one a writer killed mid-swap left aside (put back first)."""
+    if not path.is_dir() and path.parent.is_dir() and not profile_dir.is_bundled(path):
+        profile_dir.recover_dir(path)
+    return path.is_dir()
+
+
 def load_profile(name_or_path: Union[str, Path]):
     """A bundled profile by name ("perlmutter-a100-80gb", "vista-gh200", the description
     "perlmutter-a100"), a profile directory, or a cluster description YAML file: a
     ClusterProfile, or for a description a TransferredProfile with the same interface."""
     target = _resolve(name_or_path).resolve()
-    if target.is_dir() and not (target / MANIFEST_FILE).is_file() and (target / DESCRIPTION_FILE).is_file():
+    if target.is_dir() and not profile_dir.has_manifest(target) and (target / DESCRIPTION_FILE).is_file():
         return _load_description(target / DESCRIPTION_FILE, target)
     if target.is_file():
         return _load_description(target, target)
@@ -408,19 +63,18 @@ def load_profile(name_or_path: Union[str, Path]):
 
 
 def _load_sampled(directory: Path) -> ClusterProfile:
-    manifest_path = directory / MANIFEST_FILE
-    stamp = manifest_path.stat().st_mtime_ns if manifest_path.is_file() else 0
+    stamp = profile_dir.stamp(directory)
     hit = _LOADED.get((str(directory), stamp))
     if hit is not None:
         return hit
-    manifest = _read_manifest(directory)
-    arrays = _read_arrays(directory, manifest)
+    manifest = profile_dir.read(directory)
+    path = profile_dir.arrays_path(directory, manifest)
+    arrays = None if path is None else Arrays(path, manifest.arrays.sha256)
     try:
         profile = ClusterProfile(directory, manifest, arrays)
-    except KeyError as exc:
-        raise ProfileError(manifest_path, f"inconsistent profile (missing key {exc})", RETRAIN) from None
-    except (TypeError, ValueError, IndexError) as exc:
-        raise ProfileError(manifest_path, f"inconsistent profile ({' '.join(str(exc).split())})", RETRAIN) from None
+    except (KeyError, TypeError, ValueError, IndexError) as exc:  # the manifest against its arrays
+        raise ProfileError(profile_dir.manifest_path(directory),
+                           f"inconsistent profile ({' '.join(str(exc).split())})", RETRAIN) from None
     _LOADED[(str(directory), stamp)] = profile
     return profile
 
@@ -439,7 +93,7 @@ def _load_description(file: Path, path: Path):
         names = ", ".join(p.name for p in list_profiles() if not p.description) or "none found"
         raise ProfileError(file, f"base: no sampled profile {desc.base!r}",
                            f"use a sampled profile ({names}) or a profile directory") from None
-    if not (base_target.is_dir() and (base_target / MANIFEST_FILE).is_file()):
+    if not (base_target.is_dir() and profile_dir.has_manifest(base_target)):
         raise ProfileError(file, f"base: {desc.base!r} is not a sampled profile (a description cannot be a base)",
                            "name the sampled profile that description is based on")
     base = _load_sampled(base_target)
@@ -454,15 +108,16 @@ def list_profiles() -> List[ProfileInfo]:
     """Bundled profiles, then the user's (user_profiles_dir()) that a bundled name does not
     shadow; only those whose manifest (or cluster description) reads cleanly."""
     out: List[ProfileInfo] = []
-    for root in (_bundled_dir(), user_profiles_dir()):
+    for root in (bundled_dir(), user_profiles_dir()):
         if not root.is_dir():
             continue
-        for directory in sorted(p for p in root.iterdir() if p.is_dir()):
+        # dot-directories are writers' new versions and killed swaps' leftovers, not profiles
+        for directory in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
             if any(info.name == directory.name for info in out):
                 continue
             try:
-                if (directory / MANIFEST_FILE).is_file():
-                    out.append(_info(directory, _read_manifest(directory)))
+                if profile_dir.has_manifest(directory):
+                    out.append(info_of(directory, profile_dir.read(directory)))
                 elif (directory / DESCRIPTION_FILE).is_file():
                     out.append(_description_info(directory))
             except ProfileError:

@@ -43,11 +43,14 @@ from typing import Dict, List, Mapping, Optional, Tuple
 import numpy as np
 
 from neox_perf import opspec
+from neox_perf.profile.facts import ClusterFacts, Link
+from neox_perf.profile.models import ModelEntry
+from neox_perf.profile.values import Prediction, ProfileInfo
 
 from . import baseline, gpus
 from .cluster_file import ClusterDescription
 from .errors import ProfileError
-from .facts import ClusterFacts, Link
+from .sampled import collective_args
 
 METHODS = ("roofline", "additive", "fixed_additive")
 TRANSFER_METHOD = "additive"
@@ -105,9 +108,9 @@ def link_seconds(links: Links, kind: str, elements: float, nodes: int, gpn: int,
     return link_latency(kind, nodes, gpn) + link_transfer(links, kind, elements, nodes, gpn, concurrent)
 
 
-def _sampled(entry: Optional[dict]) -> Tuple[bool, bool]:
-    topo = (entry or {}).get("topologies") or {}
-    return (any(t["nodes"] == 1 for t in topo.values()), any(t["nodes"] > 1 for t in topo.values()))
+def _sampled(entry: Optional[ModelEntry]) -> Tuple[bool, bool]:
+    topo = (entry.topologies if entry is not None else None) or {}
+    return (any(t.nodes == 1 for t in topo.values()), any(t.nodes > 1 for t in topo.values()))
 
 
 def base_links(base) -> Links:
@@ -116,12 +119,12 @@ def base_links(base) -> Links:
     gpn = f.gpus_per_node
     eff_i, eff_e, a_i, a_e = {}, {}, {}, {}
     for kind in opspec.COLLECTIVES:
-        entry = base.manifest["collectives"].get(kind) or {}
-        b = entry.get("baseline") or {}
-        coef = dict(zip(b.get("terms", ()), b.get("coef", ())))
+        entry = base.manifest.collectives.get(kind)
+        b = entry.baseline if entry is not None else None
+        coef = dict(zip(b.terms, b.coef)) if b is not None else {}
         intra, inter = _sampled(entry)
-        peer = b.get("intra_peer_link_gbps")
-        nic = b.get("inter_per_nic_gbps")
+        peer = b.intra_peer_link_gbps if b is not None else None
+        nic = b.inter_per_nic_gbps if b is not None else None
         # baseline.collective_design: a g-GPU ring drives g-1 peer links, so the per-GPU rate
         # is peer x (gpn - 1) (p2p: one peer link); an efficiency against the data sheet.
         nominal_peer = f.intra_node_link.bandwidth_gbps / max(gpn - 1, 1)
@@ -140,7 +143,7 @@ def target_links(desc: ClusterDescription, base, ref: Links) -> Tuple[Links, Dic
                     and desc.nics_per_node == ref.nics)
     eff_i, eff_e, why = {}, {}, {}
     for kind in opspec.COLLECTIVES:
-        intra, inter = _sampled(base.manifest["collectives"].get(kind))
+        intra, inter = _sampled(base.manifest.collectives.get(kind))
         if desc.intra_node_efficiency is not None:
             eff_i[kind], why[f"{kind}_intra"] = desc.intra_node_efficiency, "description"
         elif intra:
@@ -172,13 +175,14 @@ def operator_ratio(method: str, flops, nbytes, base_gpu: gpus.GPU, target: gpus.
 
 
 def _fixed_cost(base, op: str, phase: str) -> float:
-    entry = (base.manifest["operators"].get(op) or {}).get(phase) or {}
-    coef = (entry.get("baseline") or {}).get("coef")
+    entry = base.manifest.model(op, phase)
+    coef = entry.baseline.coef if entry is not None and entry.baseline is not None else None
     return float(coef[0]) if coef else 0.0
 
 
 class TransferredProfile:
-    """The ClusterProfile interface for a cluster description. Build with load_description()."""
+    """A cluster description's profile (neox_perf/profile/protocol.Profile, as ClusterProfile).
+    Build with predictors/profile.load_profile()."""
 
     def __init__(self, desc: ClusterDescription, base, base_gpu: gpus.GPU, path: Optional[Path] = None,
                  method: str = TRANSFER_METHOD):
@@ -204,9 +208,8 @@ class TransferredProfile:
             peak_fp16_tflops=desc.gpu.fp16_tflops, hbm_bandwidth_gbps=desc.gpu.hbm_gbps,
             samples_from=self._samples_line())
         transfer = self._transfer_section(link_sources)
-        self.manifest = {**base.manifest, "name": desc.name, "facts": self.facts.to_dict(),
-                         "notes": list(transfer["summary"]) + list(desc.notes) + list(base.manifest.get("notes", [])),
-                         "transfer": transfer}
+        self.manifest = replace(base.manifest, name=desc.name, facts=self.facts, transfer=transfer,
+                                notes=(*transfer["summary"], *desc.notes, *base.manifest.notes))
         self._cache: Dict[tuple, object] = {}
 
     # ---- what was transferred ----------------------------------------------------------
@@ -297,7 +300,6 @@ class TransferredProfile:
 
     # ---- collectives ---------------------------------------------------------------------
     def predict_collective(self, kind: str, elements: float, nodes: int, gpus_per_node: int):
-        from .profile import Prediction, collective_args
         elements, nodes, gpn = collective_args(self, kind, elements, nodes, gpus_per_node)
         if nodes * gpn == 1 or elements == 0:
             return Prediction(0.0, False, "")
@@ -310,7 +312,7 @@ class TransferredProfile:
         concurrent = max(self.facts.gpus_per_node // gpn, 1)
         target = link_transfer(self.links, kind, elements, nodes, gpn, concurrent)
         latency = link_latency(kind, nodes, gpn)
-        intra, inter = _sampled(self.base.manifest["collectives"].get(kind))
+        intra, inter = _sampled(self.base.manifest.collectives.get(kind))
         base_gpn = min(gpn, self._base_links.gpus_per_node)
         if (intra if nodes <= 1 else inter) and (nodes > 1 or base_gpn > 1 or kind == "p2p"):
             ref = self.base.predict_collective(kind, elements, nodes, base_gpn)
@@ -336,7 +338,6 @@ class TransferredProfile:
         return out
 
     def info(self):
-        from .profile import ProfileInfo
         return ProfileInfo(self.name, self.path, self.gpu.name,
                            f"description {self.description.path.name}; {self.facts.samples_from}")
 

@@ -4,7 +4,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
+# The project's `shared/` beside the repo, or beside an ancestor (a git worktree under it).
+SHARED = next((p.parent / "shared" for p in [REPO, *REPO.parents]
+               if p.name and (p.parent / "shared" / "data").is_dir()), REPO.parent / "shared")
 NEOX_CONFIGS = SHARED / "data" / "gpt-neox-configs"
 SAMPLES = SHARED / "data" / "paper-2509.22832-samples"
 EXAMPLES = REPO / "neox_perf" / "examples"

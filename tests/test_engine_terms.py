@@ -4,6 +4,7 @@ from types import SimpleNamespace
 import pytest
 
 from neox_perf.engine_terms import EngineSection, EngineTerms, EngineTermsError
+from neox_perf.profile.manifest import Manifest
 
 SECTION = {
     "precision": "fp32", "source": "/x/s.engine.json", "shapes": ["a", "b"],
@@ -19,7 +20,9 @@ SECTION = {
 
 def _terms(zero=0, m=4, section=SECTION):
     decomp = SimpleNamespace(precision="fp32", micro_batches=m, zero_stage=zero)
-    return EngineTerms.of(SimpleNamespace(name="p", manifest={"engine": section}), decomp)
+    # as the manifest parses it: an empty section is none
+    manifest = Manifest("p", engine=EngineSection.parse(section) if section else None)
+    return EngineTerms.of(SimpleNamespace(name="p", manifest=manifest), decomp)
 
 
 def test_parsed_once_and_written_back_unchanged():

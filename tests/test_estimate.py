@@ -6,6 +6,9 @@ from neox_perf.config import WorldRequest, build, load_files
 from neox_perf.estimate import estimate
 from neox_perf.operators import StageShape, decompose
 from neox_perf.opspec import collective_wire_bytes
+from neox_perf.profile.manifest import Manifest
+from neox_perf.profile.sections import Calibration
+from neox_perf.profile.values import Coverage
 
 BASE = """
 num_layers: 8
@@ -29,8 +32,14 @@ class Pred:
 class RooflineProfile:
     """A deterministic stand-in: 100 TFLOP/s, 1 TB/s, 10 GB/s links, 5 us latency."""
 
+    name = "roofline"
+    manifest = Manifest("roofline")  # no engine or step terms: the plain operator sum
+
     def __init__(self, flag_op=None):
         self.flag_op = flag_op
+
+    def coverage(self, op, phase, features):
+        return Coverage("in range", 1.0, "")
 
     def predict(self, op, phase, features):
         from neox_perf.opspec import op_bytes, op_flops
@@ -96,7 +105,7 @@ def test_the_fp32_note_names_fp16_samples_only_when_they_are(write_yaml):
     gpu = RooflineProfile()
     assert FP32_FROM_FP16 in predict(cfg, derived, gpu).decomposition.notes
     cpu = RooflineProfile()
-    cpu.manifest = {"calibration": {"dtype": "fp32", "device": "cpu"}}
+    cpu.manifest = Manifest("cpu", calibration=Calibration(dtype="fp32", device="cpu"))
     assert FP32_FROM_FP16 not in predict(cfg, derived, cpu).decomposition.notes
 
 

@@ -6,9 +6,10 @@ from pathlib import Path
 import pytest
 
 from neox_perf.predict import load_cluster, predict
-from neox_perf.predictors import devset
+from neox_perf.predictors.fitting import devset
+from neox_perf.errors import ProfileError
 from neox_perf.step_terms import (ACROSS_NODES, INSIDE_NODE, ONE_NIC_PER_GPU, REGIMES, Interval, Intervals,
-                                  StepTerms, of_profile)
+                                  StepTerms, StepTermsSection, of_profile)
 
 REPO = Path(__file__).resolve().parents[1]
 VTRAIN = REPO / "benchmarks" / "clusters" / "vtrain-a100.yml"
@@ -84,8 +85,16 @@ def test_each_regime_has_its_interval_and_one_nic_per_gpu_skews_upward():
     with pytest.raises(ValueError, match="regime"):
         iv.of("on the moon")
     # a section written before regimes had one interval: it serves every regime
-    older = Intervals.from_section({"interval": {"lo_ratio": 0.9, "hi_ratio": 1.1}})
+    older = StepTermsSection.parse({"interval": {"lo_ratio": 0.9, "hi_ratio": 1.1}}).regime_intervals()
     assert {older.of(r).hi_ratio for r in REGIMES} == {1.1}
+    # the across-nodes interval is stored beside it, and read back as written
+    section = StepTermsSection.parse({"interval": {"lo_ratio": 0.9, "hi_ratio": 1.1},
+                                      "intervals": {"across_nodes": {"lo_ratio": 0.8, "hi_ratio": 1.2}}})
+    assert section.regime_intervals().of(ACROSS_NODES) == Interval(0.8, 1.2)
+    assert StepTermsSection.parse(section.to_dict()) == section
+    with pytest.raises(ProfileError, match="intervals"):
+        StepTermsSection.parse({"interval": {"lo_ratio": 0.9, "hi_ratio": 1.1},
+                                "intervals": {"on_the_moon": {"lo_ratio": 0.8, "hi_ratio": 1.2}}})
 
 
 def test_one_gpu_per_node_is_its_own_regime(tmp_path):
@@ -103,7 +112,7 @@ def test_one_gpu_per_node_is_its_own_regime(tmp_path):
 
 def test_bundled_terms_meet_the_multi_node_bar():
     """What benchmarks/endtoend.py --write-terms stored: the figures the issue asks of it."""
-    section = load_cluster("perlmutter-a100-80gb").manifest["step_terms"]
+    section = load_cluster("perlmutter-a100-80gb").manifest.to_dict()["step_terms"]
     cv = section["cross_validation"]
     assert cv["by_layout"]["mape"] <= 6.0
     by_model = cv["multi_node_by_model"]

@@ -4,16 +4,22 @@ from types import SimpleNamespace
 
 import pytest
 
+from neox_perf.profile.facts import ClusterFacts, Link
+from neox_perf.profile.manifest import Manifest
+from neox_perf.profile.sections import Validation
 from neox_perf.profile_validation import MIN_RUNS, record
-from neox_perf.step_terms import of_profile
+from neox_perf.step_terms import StepTermsSection, of_profile
+
+FACTS = ClusterFacts("local", "cpu", 2**30, 2, Link("shared memory", 1.0, 1), Link("none", 1.0, 1), 0.1, 10.0)
 
 
-def _profile(tmp_path, manifest=None):
+def _profile(tmp_path, step_terms=None):
+    """A calibrated profile's directory with a manifest (no models) and the profile read from it."""
     d = tmp_path / "local"
     d.mkdir()
-    m = manifest or {"name": "local", "facts": {"gpu_name": "cpu"}}
-    (d / "manifest.json").write_text(json.dumps(m))
-    return SimpleNamespace(path=d, manifest=dict(m), facts=SimpleNamespace(gpu_name="cpu"))
+    m = Manifest("local", FACTS, step_terms=step_terms and StepTermsSection.parse(step_terms))
+    (d / "manifest.json").write_text(json.dumps(m.to_dict()))
+    return SimpleNamespace(path=d, manifest=m, facts=SimpleNamespace(gpu_name="cpu"))
 
 
 def test_the_interval_comes_from_enough_validated_configs(tmp_path):
@@ -28,7 +34,8 @@ def test_the_interval_comes_from_enough_validated_configs(tmp_path):
     assert "80% interval is now" in note
     on_disk = json.loads((prof.path / "manifest.json").read_text())["validation"]
     assert len(on_disk["runs"]) == len(ratios)
-    _, interval = of_profile(SimpleNamespace(manifest=on_disk and {"validation": on_disk}, facts=None))
+    _, interval = of_profile(SimpleNamespace(manifest=Manifest("local", validation=Validation.parse(on_disk)),
+                                             facts=None))
     assert interval.lo_ratio < 1.0 < interval.hi_ratio
     assert min(ratios) <= interval.lo_ratio and interval.hi_ratio <= max(ratios)
     # the same config validated again replaces its run, it does not add one
@@ -40,7 +47,7 @@ def test_the_interval_comes_from_enough_validated_configs(tmp_path):
 def test_own_interval_comes_before_the_development_sets(tmp_path):
     dev = {"terms": {"dispatch_s": 1e-5}, "interval": {"lo_ratio": 0.5, "hi_ratio": 2.0},
            "fitted_gpu": "A100"}
-    prof = _profile(tmp_path, {"name": "local", "step_terms": dev})
+    prof = _profile(tmp_path, step_terms=dev)
     assert of_profile(prof)[1].hi_ratio == 2.0
     for i in range(MIN_RUNS):
         record(prof, [f"c{i}.yml"], measured=1.0 + 0.01 * i, predicted=1.0, extrapolated_share=0.0)
@@ -49,8 +56,8 @@ def test_own_interval_comes_before_the_development_sets(tmp_path):
 
 
 def test_bundled_profiles_and_bad_numbers_are_not_written(tmp_path):
-    from neox_perf.predictors.profile import _bundled_dir
-    bundled = SimpleNamespace(path=_bundled_dir() / "vista-gh200", manifest={})
+    from neox_perf.profile.directory import bundled_dir
+    bundled = SimpleNamespace(path=bundled_dir() / "vista-gh200", manifest=Manifest("vista-gh200"))
     before = (bundled.path / "manifest.json").read_bytes()
     assert record(bundled, ["c.yml"], 1.0, 1.0, 0.0) is None
     assert (bundled.path / "manifest.json").read_bytes() == before

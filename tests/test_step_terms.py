@@ -6,8 +6,9 @@ import pytest
 
 from neox_perf.estimate import estimate
 from neox_perf.predict import load_cluster, predict
-from neox_perf.predictors import devset, step_fit
-from neox_perf.step_terms import FITTED, REGIMES, Interval, StepTerms, of_profile
+from neox_perf.predictors.fitting import devset, step_fit
+from neox_perf.profile.manifest import Manifest
+from neox_perf.step_terms import FITTED, REGIMES, Interval, StepTerms, StepTermsSection, of_profile
 
 
 def _run(**kw):
@@ -188,7 +189,7 @@ def test_bundled_profile_carries_fitted_terms_and_interval():
     for regime in REGIMES:
         interval = intervals.of(regime)
         assert interval.lo_ratio < 1 < interval.hi_ratio
-    section = prof.manifest["step_terms"]
+    section = prof.manifest.to_dict()["step_terms"]
     assert section["cross_validation"]["by_layout"]["runs"] > 0
 
 
@@ -236,10 +237,9 @@ def test_interval_widens_on_a_gpu_the_terms_were_not_fitted_on():
     class P:
         def __init__(self, gpu):
             self.facts = type("F", (), {"gpu_name": gpu})()
-            self.manifest = {"step_terms": {"terms": {"dispatch_s": 1e-5},
-                                            "interval": {"lo_ratio": 0.9, "hi_ratio": 1.1},
-                                            "fitted_gpu": "NVIDIA A100-SXM4-80GB",
-                                            "other_gpu_widen": 0.1}}
+            self.manifest = Manifest("p", step_terms=StepTermsSection.parse(
+                {"terms": {"dispatch_s": 1e-5}, "interval": {"lo_ratio": 0.9, "hi_ratio": 1.1},
+                 "fitted_gpu": "NVIDIA A100-SXM4-80GB", "other_gpu_widen": 0.1}))
     _, same = of_profile(P("A100-SXM4-80GB"))
     _, other = of_profile(P("NVIDIA GH200 120GB"))
     for regime in REGIMES:  # an older section's one interval serves every regime

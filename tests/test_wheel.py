@@ -42,7 +42,8 @@ def test_every_subpackage_present(wheel):
     assert expected, "no packages found"
     missing = sorted(expected - names)
     assert not missing, f"packages missing from the wheel (add them to setup.cfg): {missing}"
-    for sub in ("hooks", "predictors", "calibration", "config", "derive", "render", "commands"):
+    for sub in ("hooks", "predictors", "predictors/fitting", "calibration", "config", "derive", "render",
+                "commands", "profile", "runs"):
         assert f"neox_perf/{sub}/__init__.py" in names
 
 

@@ -116,7 +116,9 @@ def from_neox(cfg, vocab_size: int) -> WorkloadConfig:
     mp = max(par.model_parallel_size, 1)
     mismatch = gated_width_mismatch(m)
     if mismatch:  # NeoX fails the same way at its first forward
-        raise UnsupportedConfig(mismatch)
+        out, inp = mismatch
+        raise UnsupportedConfig(f"gated MLP: linear1 gives 2 x {out // 2} features but linear2 "
+                                f"expects {inp}; NeoX fails at its first forward")
     ffn, ffn_in = mlp_widths(m)
     eps_key = {"rmsnorm": "rms_norm_epsilon", "scalenorm": "scalenorm_epsilon"}.get(
         m.norm, "layernorm_epsilon")

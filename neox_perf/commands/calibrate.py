@@ -14,7 +14,7 @@ Four steps, each resumable, each reporting progress:
    calibration shapes (never a validation config), for what the operator benchmarks cannot
    see (calibration/engine.py); resumed per shape from STORE.engine.json;
 4. fit: the predictors' trainer on the store's samples of this device
-   (predictors.local.fit_store) plus the engine terms (predictors.local.add_engine), written
+   (predictors/fitting/calibrated.fit_store) plus the engine terms (fitting/engine_fit.add_engine), written
    to $NEOX_PERF_HOME/profiles/NAME (or --out), where `--cluster NAME` finds it.
 
 On a CPU the profile is a stand-in for a GPU cluster: every "GPU" is one single-threaded
@@ -66,17 +66,17 @@ class CalibrateResult:
 
 
 def default_home() -> Path:
-    from ..predictors.profile import user_profiles_dir
+    from ..profile.directory import user_profiles_dir
     return user_profiles_dir().parent
 
 
 def _paths(args):
-    from ..predictors.profile import _bundled_dir, user_profiles_dir
+    from ..profile.directory import bundled_dir, user_profiles_dir
     name = str(args.cluster)
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
         raise UsageError(f"--cluster {name!r}: use letters, digits, '.', '_' and '-' (it names a folder)")
     out = Path(args.out).expanduser() if getattr(args, "out", None) else user_profiles_dir() / name
-    if not getattr(args, "out", None) and (_bundled_dir() / name).is_dir():
+    if not getattr(args, "out", None) and (bundled_dir() / name).is_dir():
         raise UsageError(f"--cluster {name}: a bundled profile has that name and would hide yours; "
                          f"choose another name or pass --out DIR")
     store = (Path(args.store).expanduser() if getattr(args, "store", None)
@@ -99,7 +99,8 @@ def run_calibrate(args, progress: Optional[Progress] = None,
     if not has_module("torch"):
         raise UsageError("calibrate measures with torch: pip install 'neox-perf[runtime]'") from None
     from ..calibration.sweep import calibrate, pick_device
-    from ..predictors.local import add_engine, fit_store
+    from ..predictors.fitting.calibrated import fit_store
+    from ..predictors.fitting.engine_fit import add_engine
 
     name, out, store = _paths(args)
     source, plan = _plan(args)
@@ -166,7 +167,7 @@ def run_calibrate(args, progress: Optional[Progress] = None,
         raise CalibrationFailed(f"{store}: cannot fit a profile: {exc}") from None
     result.seconds["fit"] = time.monotonic() - started
     result.fit = [row.to_dict() for row in table]
-    result.facts = fitted.manifest["facts"]
+    result.facts = fitted.manifest.facts.to_dict()
     if summary.failed:
         notes.append(f"{len(summary.failed)} plan points could not be measured (see operators.failed)")
     return result

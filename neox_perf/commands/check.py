@@ -4,18 +4,19 @@ from __future__ import annotations
 import os
 
 from ..config import WorldRequest, build, load_files, raw_vocab
+from ..config.loader import apply_sets
 from ..errors import UsageError
 from ..result import CheckResult
 
 
 def run_check(args) -> CheckResult:
-    from .. import checks
+    from .. import advice, checks
     from ..derive import derive
 
     from ..predict import load_cluster
     profile = load_cluster(args.cluster)
     facts = profile.facts if profile is not None else None
-    raw = load_files(args.configs, conf_dir=args.conf_dir)
+    raw = apply_sets(load_files(args.configs, conf_dir=args.conf_dir), getattr(args, "sets", None))
     cfg, verdicts, warnings = build(
         raw, WorldRequest(gpus=args.gpus, nodes=args.nodes, gpus_per_node=args.gpus_per_node),
         cluster_gpus_per_node=facts.gpus_per_node if facts else None)
@@ -24,9 +25,11 @@ def run_check(args) -> CheckResult:
     search = [os.path.dirname(vocab_source)] if vocab_source else []
     vocab = raw_vocab(cfg.model.tokenizer_type, cfg.model.vocab_file, args.vocab_size, search)
     result = CheckResult(config=cfg, vocab=vocab, warnings=warnings, facts=facts,
-                         profile_name=getattr(profile, "name", None), profile=profile)
+                         profile_name=profile.name if profile is not None else None, profile=profile)
+    if args.max_iteration_seconds is not None and profile is None:
+        raise UsageError("--max-iteration-seconds needs --cluster to predict the iteration time")
     if any(v.level == "error" and v.code in _BLOCKING for v in verdicts):
-        result.verdicts = verdicts
+        result.verdicts = verdicts + advice.vocab_verdicts(cfg, vocab)
         return result
     try:
         derived = derive(cfg, vocab.size, facts.gpu_memory_bytes if facts else None)
@@ -34,22 +37,39 @@ def run_check(args) -> CheckResult:
         verdicts.append(checks.Verdict("partition", "error", str(exc), key="pipe_parallel_size",
                                        file=cfg.sources.get("pipe_parallel_size"),
                                        fix="use fewer pipeline stages or more layers"))
-        result.verdicts = verdicts
+        result.verdicts = verdicts + advice.vocab_verdicts(cfg, vocab)
         return result
     result.derived = derived
     result.warnings = list(result.warnings) + list(derived.warnings)
-    verdicts += checks.stage_verdicts(cfg, [s.transformer_layers for s in derived.stages])
+    verdicts += checks.derived_verdicts(cfg, derived) + advice.vocab_verdicts(cfg, vocab, derived)
+    refused = any(v.level == "error" for v in verdicts)
+    verdicts += advice.tensor_parallel_verdicts(cfg)  # its share of the step comes with a prediction
     if facts:
+        worst = max(derived.stages, key=lambda s: s.memory.total)
+        key, fix = advice.memory_fix(cfg, worst.memory)
         verdicts += checks.memory_verdicts([s.memory.total for s in derived.stages],
-                                           facts.gpu_memory_bytes, facts.gpu_name)
-    if profile is not None and not any(v.level == "error" for v in verdicts):
+                                           facts.gpu_memory_bytes, facts.gpu_name, fix=fix,
+                                           key=key, quiet_when_fits=refused)
+    out_of_memory = any(v.code == "out_of_memory" for v in verdicts)
+    gpn = args.gpus_per_node
+    if profile is not None and not refused and out_of_memory:
+        # It cannot run: no time of its own; what it would take instead, from the planner.
+        result.suggestion, result.no_layout = advice.fitting_layout(
+            raw, cfg, profile, vocab.size, gpn, params=derived.params.unique)
+    elif profile is not None and not refused:
         from ..predict import predict
         prediction = predict(cfg, derived, profile)
         result.decomposition = prediction.decomposition
-        result.estimate = prediction.estimate
-        verdicts += checks.time_verdict(result.estimate.iteration_seconds, args.max_iteration_seconds)
-    elif args.max_iteration_seconds is not None and profile is None:
-        raise UsageError("--max-iteration-seconds needs --cluster to predict the iteration time")
+        est = result.estimate = prediction.estimate
+        verdicts = [v for v in verdicts if v.code != "tensor_parallel_across_nodes"]
+        hardware = (advice.tensor_parallel_verdicts(cfg, est)
+                    + advice.imbalance_verdicts(cfg, derived, est))
+        verdicts += hardware + checks.time_verdict(est.iteration_seconds, args.max_iteration_seconds)
+        if hardware or advice.lost_share(est) >= advice.SEARCH_WHEN_LOST:
+            found = advice.faster_layout(raw, cfg, profile, vocab.size, est.iteration_seconds, gpn)
+            slower = advice.faster_verdicts(found, cfg.files, args.cluster)
+            if slower:
+                result.suggestion, verdicts = found, verdicts + slower
     result.verdicts = verdicts
     return result
 

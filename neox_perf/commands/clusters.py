@@ -31,7 +31,7 @@ def run_clusters(args) -> ClustersResult:
     for info in list_profiles():
         prof = load_profile(info.path)
         facts = prof.facts
-        transfer = (prof.manifest.get("transfer") or {}) if info.description else {}
+        transfer = (prof.manifest.transfer or {}) if info.description else {}
         rows.append({
             "name": info.name, "path": str(info.path), "gpu": facts.gpu_name,
             "gpu_memory_bytes": facts.gpu_memory_bytes, "gpus_per_node": facts.gpus_per_node,

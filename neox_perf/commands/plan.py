@@ -15,6 +15,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("configs", nargs="+", metavar="CONFIG",
                         help="NeoX YAML files, merged in order as deepy.py does")
     parser.add_argument("-d", "--conf-dir", help="directory prefixed to every CONFIG (deepy.py -d)")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config key after the merge, as check --set")
     parser.add_argument("--gpus", required=True, type=_gpus,
                         help="total GPUs of the job, or a comma-separated list (e.g. 64,96,128)")
     parser.add_argument("--gpus-per-node", type=int,
@@ -88,6 +90,8 @@ class PlanResult:
             "admissible": p.admissible,
             "bounded": p.bounded,
             "duplicates": p.duplicates,
+            "collapsed": p.collapsed,
+            "within_interval": p.within_interval,
             "rejected": dict(p.rejected),
             "seconds": p.seconds,
             "baseline": _baseline(self.baseline),
@@ -131,6 +135,8 @@ def candidate_dict(c) -> dict:
         "max_memory_fraction": c.max_memory_fraction,
         "dominant": c.dominant,
         "pareto": c.pareto,
+        "equivalent": [{"pipe_partition_method": e.pipe_partition_method, "zero_stage": e.zero_stage}
+                       for e in c.equivalent],
     }
 
 
@@ -143,6 +149,7 @@ def _baseline(b) -> Optional[dict]:
     else:
         out = {"rank": None, "gpus": b.gpus, "layout": None}
     out["reason"] = b.reason
+    out["note"] = b.note
     return out
 
 
@@ -157,7 +164,8 @@ def run_plan(args) -> PlanResult:
         raise UsageError("--global-batch must be at least 1")
     if args.max_micro_batch is not None and args.max_micro_batch < 1:
         raise UsageError("--max-micro-batch must be at least 1")
-    raw = load_files(args.configs, conf_dir=args.conf_dir)
+    from ..config.loader import apply_sets
+    raw = apply_sets(load_files(args.configs, conf_dir=args.conf_dir), args.sets)
     vocab_source = raw.sources.get("vocab_file")
     search = [os.path.dirname(vocab_source)] if vocab_source else []
     values = raw.values
@@ -168,7 +176,7 @@ def run_plan(args) -> PlanResult:
                       gpus_per_node=args.gpus_per_node, global_batch=args.global_batch,
                       max_micro_batch=args.max_micro_batch, keep=args.top)
     plan = planner.run(args.gpus)
-    result = PlanResult(plan=plan, files=list(raw.files), profile_name=getattr(profile, "name", None),
+    result = PlanResult(plan=plan, files=list(raw.files), profile_name=profile.name,
                         facts=profile.facts, top=args.top, warnings=list(raw.warnings))
     if plan.candidates:
         best = plan.candidates[0]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 from ..errors import ConfigError, UsageError
-from .loader import RawConfig
+from .loader import RawConfig, unknown_keys
 from .neox_keys import KEYS, ZERO_DEFAULTS
 from .specs import ModelSpec, NeoxConfig, ParallelSpec, TrainingSpec
 from .verdicts import Verdict
@@ -105,6 +105,13 @@ def resolve_world(v: _Values, pp: int, mp: int, req: WorldRequest,
                   cluster_gpus_per_node: Optional[int], batch_hint: Optional[int]
                   ) -> Tuple[int, str, int, List[str]]:
     warnings: List[str] = []
+    if req.gpus_per_node and cluster_gpus_per_node and req.gpus_per_node != cluster_gpus_per_node:
+        raise UsageError(f"--gpus-per-node {req.gpus_per_node} contradicts the cluster's "
+                         f"{cluster_gpus_per_node} GPUs per node (fix: drop --gpus-per-node, or "
+                         f"describe your nodes in a cluster YAML: see `neox-perf clusters --gpus`)")
+    if req.nodes is not None and not (req.gpus_per_node or cluster_gpus_per_node):
+        raise UsageError(f"--nodes {req.nodes} needs the GPUs of a node (fix: add --gpus-per-node N, "
+                         f"or --cluster NAME, or give --gpus {req.nodes}xN instead)")
     gpn = req.gpus_per_node or cluster_gpus_per_node or 1
     if req.gpus is not None and req.nodes is not None and req.gpus != req.nodes * gpn:
         raise UsageError(f"--gpus {req.gpus} disagrees with --nodes {req.nodes} x {gpn} GPUs per node")
@@ -190,18 +197,37 @@ def build(raw: RawConfig, req: WorldRequest = WorldRequest(),
     verdicts: List[Verdict] = []
     warnings = list(raw.warnings)
     first = raw.files[0] if raw.files else None
+    unknown = unknown_keys(raw)
+
+    def missing(key: str, error: ConfigError) -> ConfigError:
+        typo = next((k for k, hint in unknown.items() if hint == key), None)
+        if typo is None:
+            return error
+        # the typo is why the key is missing: say that, not only that the key is absent
+        return ConfigError(f"unknown key {typo!r} (did you mean {key!r}?), so {key} is not set",
+                           file=raw.sources.get(typo), key=typo, fix=f"rename it to {key}")
+
     for key in REQUIRED:
         if v(key) is None:
-            raise ConfigError(f"{key} is required and not set in any file", file=first, key=key,
-                              fix=f"add `{key}: <value>`")
+            raise missing(key, ConfigError(f"{key} is required and not set in any file", file=first,
+                                           key=key, fix=f"add `{key}: <value>`"))
+    for key, hint in unknown.items():
+        # NeoXArgs.from_ymls ends in cls(**config) (megatron/neox_arguments/arguments.py:285): a
+        # dataclass raises TypeError on a keyword it does not declare, before training starts.
+        verdicts.append(Verdict(
+            "unknown_key", "error",
+            f"unknown key {key!r}: NeoX raises on it (NeoXArgs(**config): unexpected keyword "
+            f"argument){f'; did you mean {hint!r}?' if hint else ''}",
+            key=key, file=raw.sources.get(key),
+            fix=f"rename it to {hint}" if hint else "remove it (NeoX has no such setting)"))
     num_layers = _positive_int(v, "num_layers")
     hidden = _positive_int(v, "hidden_size")
     heads = _positive_int(v, "num_attention_heads")
     max_pos = _positive_int(v, "max_position_embeddings")
     seq = v("seq_length")
     if seq is None:
-        raise ConfigError("seq_length is not set", file=first, key="seq_length",
-                          fix="add `seq_length: <tokens>` (training needs it)")
+        raise missing("seq_length", ConfigError("seq_length is not set", file=first, key="seq_length",
+                                                fix="add `seq_length: <tokens>` (training needs it)"))
     seq = _positive_int(v, "seq_length")
     kv = _positive_int(v, "num_kv_heads") if v("num_kv_heads") is not None else heads
     pp = _positive_int(v, "pipe_parallel_size", allow_zero=True)
@@ -239,7 +265,10 @@ def build(raw: RawConfig, req: WorldRequest = WorldRequest(),
         dp = max(world // denom, 1)
     else:
         dp = world // denom
-    tbs, micro, gas = _batch(v, dp, verdicts)
+    try:
+        tbs, micro, gas = _batch(v, dp, verdicts)
+    except ConfigError as exc:
+        raise missing("train_micro_batch_size_per_gpu", missing("train_batch_size", exc)) from None
     precision = _precision(v, verdicts)
 
     opt = v("optimizer") or {"type": "Adam"}

@@ -6,7 +6,12 @@ NeoX semantics reproduced here (megatron/neox_arguments/arguments.py):
   the raw key against the already-normalised ones), while `train-iters` after
   `train_iters` silently overrides: we refuse the first and warn on the second;
 - two files with the same base name are refused;
-- a file name without `.yml`/`.json` gets `.yml` appended.
+- a file name without `.yml`/`.json` gets `.yml` appended;
+- an unknown key is refused: `NeoXArgs.from_ymls` ends in `cls(**config)`
+  (megatron/neox_arguments/arguments.py:285), and a dataclass raises TypeError on a keyword it
+  does not declare. build() reports it as an error verdict with a "did you mean".
+`--set KEY=VALUE` overrides the merged files the way from_ymls applies `overwrite_values`
+(arguments.py:279-281): after the merge, silently, one top-level key at a time.
 NeoX reads with yaml.FullLoader; we use safe_load, which accepts every shipped config and
 never constructs Python objects from a file.
 """
@@ -39,12 +44,14 @@ def resolve_path(name: str, conf_dir: Optional[str] = None) -> str:
     return name if conf_dir is None else os.path.join(conf_dir, name)
 
 
-def _read_mapping(path: str) -> dict:
+def _read_mapping(path: str, typed: Optional[str] = None) -> dict:
     try:
         with open(path, encoding="utf-8") as fh:
             text = fh.read()
     except FileNotFoundError:
-        raise ConfigError("file not found", file=path, fix="check the path")
+        # named as the user typed it; the path deepy.py would also try, beside it
+        also = f" (nor {path})" if typed and typed != path else ""
+        raise ConfigError(f"no such file{also}", file=typed or path, fix="check the path")
     except IsADirectoryError:
         raise ConfigError("is a directory, not a YAML file", file=path, fix="name a .yml file")
     except (OSError, UnicodeDecodeError) as exc:
@@ -81,7 +88,7 @@ def load_files(paths: Sequence[str], conf_dir: Optional[str] = None) -> RawConfi
             raise ConfigError(f"has the same file name as {basenames[base]}", file=path,
                               fix="NeoX saves configs by base name with the checkpoint; rename one")
         basenames[base] = path
-        data = _read_mapping(path)
+        data = _read_mapping(path, name if conf_dir is None else os.path.join(conf_dir, name))
         raw.files.append(path)
         seen_here: Dict[str, str] = {}
         for key, value in data.items():
@@ -101,16 +108,59 @@ def load_files(paths: Sequence[str], conf_dir: Optional[str] = None) -> RawConfi
             seen_here[norm] = key
             raw.values[norm] = value
             raw.sources[norm] = path
-    for key in raw.values:
-        if key not in KEYS:
-            hint = difflib.get_close_matches(key, KEYS.keys(), n=1, cutoff=0.75)
-            suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
-            raw.warnings.append(f"{raw.sources[key]}: unknown key {key!r} (NeoX refuses unknown keys)"
-                                f"{suggestion}")
     for key, value in raw.values.items():
         if key in KEYS:
             _check_type(key, value, KEYS[key][0], raw.sources[key])
     return raw
+
+
+SET_SOURCE = "--set"
+
+
+def unknown_keys(raw: RawConfig) -> Dict[str, Optional[str]]:
+    """Keys NeoX does not declare, each with the closest key it does (or None)."""
+    out = {}
+    for key in raw.values:
+        if key not in KEYS:
+            hint = difflib.get_close_matches(key, KEYS.keys(), n=1, cutoff=0.75)
+            out[key] = hint[0] if hint else None
+    return out
+
+
+def apply_sets(raw: RawConfig, settings: Sequence[str]) -> RawConfig:
+    """`--set KEY=VALUE` on the merged config: the value read as YAML (as in a file), `-` or `_`
+    in the key alike, `a.b=v` setting one entry of a mapping key (NeoX then receives the
+    whole mapping as the files have it, with that entry changed; `a.b.c=v` goes deeper). Types are checked as a
+    file's are; an unknown key is left for build() to refuse like one in a file."""
+    for item in settings or ():
+        key, sep, text = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            raise ConfigError(f"{item!r} is not KEY=VALUE", file=SET_SOURCE,
+                              fix="write e.g. --set train_micro_batch_size_per_gpu=4")
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError:
+            raise ConfigError(f"the value of {item!r} is not valid YAML", file=SET_SOURCE, key=key,
+                              fix="quote it or write it as in a config file") from None
+        top, *path = key.split(".")
+        if path:
+            value = _set_nested(raw.values.get(top), path, value, key)
+        if top in KEYS:
+            _check_type(top, value, KEYS[top][0], SET_SOURCE)
+        raw.values[top] = value
+        raw.sources[top] = SET_SOURCE
+    return raw
+
+
+def _set_nested(current, path: List[str], value, key: str):
+    """A copy of the mapping `current` with the entry at `path` set to `value`."""
+    if current is not None and not isinstance(current, dict):
+        raise ConfigError(f"{key} cannot be set: {'.'.join(key.split('.')[:-len(path)])} is not a "
+                          f"mapping", file=SET_SOURCE, fix="set the whole value instead")
+    out = dict(current or {})
+    out[path[0]] = value if len(path) == 1 else _set_nested(out.get(path[0]), path[1:], value, key)
+    return out
 
 
 def _describe(spec) -> str:

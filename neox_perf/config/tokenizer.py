@@ -28,10 +28,16 @@ KNOWN_TYPES = {
 }
 
 
+# File names too generic to tell the vocabulary by (a SentencePiece model, a GPT-2 style
+# vocab.json): a size taken from them is an assumption unless the tokenizer type fixes it.
+GENERIC_FILES = ("tokenizer.model", "vocab.json")
+
+
 @dataclass(frozen=True)
 class RawVocab:
     size: int
     source: str  # human-readable: which file / flag / assumption gave the size
+    assumed: bool = False  # True: not read nor given, nor fixed by the tokenizer type or file name
 
 
 def _hf_size(data: dict) -> int:
@@ -115,8 +121,13 @@ def raw_vocab(tokenizer_type: str, vocab_file: Optional[str], override: Optional
                     break
         base = os.path.basename(vocab_file)
         if base in KNOWN_FILES:
-            return RawVocab(KNOWN_FILES[base], f"known size of {base} (file not readable here)")
+            generic = base in GENERIC_FILES and tokenizer_type not in ("GPT2BPETokenizer",
+                                                                       "HFGPT2Tokenizer")
+            return RawVocab(KNOWN_FILES[base], f"{vocab_file} not readable here; "
+                                               f"{KNOWN_FILES[base]:,} assumed from its name"
+                            if generic else f"known size of {base} (file not readable here)",
+                            assumed=generic)
     if tokenizer_type in KNOWN_TYPES:
         return RawVocab(KNOWN_TYPES[tokenizer_type], f"default size of {tokenizer_type}")
-    return RawVocab(50257, f"assumed GPT-2 size: {tokenizer_type} vocab unknown "
-                           f"(pass --vocab-size N)")
+    what = f"vocab_file {vocab_file} not readable here" if vocab_file else "no vocab_file"
+    return RawVocab(50257, f"{tokenizer_type}, {what}: GPT-2's 50,257 assumed", assumed=True)

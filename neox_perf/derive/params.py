@@ -86,16 +86,13 @@ def mlp_widths(model: ModelSpec) -> Tuple[int, int]:
     return ffn, ffn_in
 
 
-def gated_width_mismatch(model: ModelSpec) -> Optional[str]:
-    """Gated_Activation chunks linear1's output in two; linear2 expects ffn_in. Say if they differ."""
+def gated_width_mismatch(model: ModelSpec) -> Optional[Tuple[int, int]]:
+    """Gated_Activation chunks linear1's output in two; linear2 expects ffn_in. When they differ,
+    (linear1 output, linear2 input); else None."""
     if not model.is_gated:
         return None
     out, inp = mlp_widths(model)
-    if out != 2 * inp:
-        return (f"gated MLP: linear1 gives 2 x {out // 2} features but linear2 expects {inp}; "
-                f"NeoX would fail at the first forward (set intermediate_size/mlp_multiple_of so "
-                f"that linear1 = 2 x linear2 input)")
-    return None
+    return (out, inp) if out != 2 * inp else None
 
 
 def _column(in_f: int, out_f: int, mp: int, bias: bool, what: str) -> Count:

@@ -5,7 +5,11 @@ import importlib
 import sys
 
 
-def emit(result, want_json: bool) -> None:
+def emit(result, want_json: bool, line: bool = False) -> None:
+    if line:  # one plain line (a job script's log, a CI step): no rich, no colour
+        module = importlib.import_module(f".{result.render_hint.replace('_text', '_line')}", __name__)
+        sys.stdout.write(module.line(result) + "\n")
+        return
     if want_json:
         from .envelope import dump, envelope
         sys.stdout.write(dump(envelope(result.command, result.exit_code, result.to_dict(),

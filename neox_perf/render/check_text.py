@@ -8,6 +8,9 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from ..config.verdicts import LEVELS
+from .op_names import PHASES, neox_name, split
+
 GIB = 2 ** 30
 LEVEL_STYLE = {"ok": "green", "warning": "yellow", "fail": "bold red", "error": "bold red"}
 EVENT_GLYPH = {"forward": ("F", "cyan"), "backward": ("B", "magenta"), "send_act": (">", "yellow"),
@@ -23,21 +26,65 @@ def _n(x: float) -> str:
     return f"{x:.0f}"
 
 
+def _hours(seconds: float) -> str:
+    h = seconds / 3600.0
+    return f"{h:,.0f} h" if h >= 100 else f"{h:,.1f} h" if h >= 0.1 else f"{h:.2g} h"
+
+
 def _s(x: float) -> str:
     return f"{x * 1e3:.1f} ms" if x < 1 else f"{x:.3f} s"
+
+
+def title(console, text: str) -> None:
+    """A table's title on a line of its own: rich would wrap a table title to the table's width."""
+    console.print(Text(text, style="bold"), overflow="ellipsis", no_wrap=True)
+
+
+def verdict_line(result) -> Text:
+    summary = result.summary()
+    level = summary["level"]
+    return Text(f"{level.upper():8} {summary['text']}", style=LEVEL_STYLE.get(level))
+
+
+def mlp_text(m) -> str:
+    """The MLP width NeoX builds, and the rule that made it (what silently changes the size)."""
+    from ..derive.params import mlp_widths
+    try:
+        out, inp = mlp_widths(m)
+    except ValueError:
+        return "MLP ?"
+    if m.intermediate_size:
+        asked = f"intermediate_size {m.intermediate_size}"
+    elif m.expansion_factor:
+        asked = f"{m.expansion_factor:g} x hidden"
+    else:
+        asked = "4 x hidden"
+    if m.is_gated:  # ParallelMLP: int(width x 2/3), halved by the gate (transformer.py:134-143)
+        return f"MLP {inp} ({m.activation} gated: 2/3 of {asked}, halved)"
+    return f"MLP {inp} ({asked})"
+
+
+def model_text(m, opts=None) -> str:
+    heads = f"{m.num_attention_heads} heads" + (
+        f" / {m.num_kv_heads} kv" if m.num_kv_heads != m.num_attention_heads else "")
+    experts = ""
+    if m.moe_num_experts > 1:
+        top_k = getattr(opts, "moe_top_k", 1)
+        every = "every layer" if m.moe_expert_interval == 1 else f"every {m.moe_expert_interval} layers"
+        experts = f", {m.moe_num_experts} experts (top-{top_k}, {every})"
+    return (f"{m.num_layers} layers, hidden {m.hidden_size}, {mlp_text(m)}, {heads}{experts}, "
+            f"seq {m.seq_length}, {m.norm}, {m.pos_emb}, {'untied' if m.no_weight_tying else 'tied'} head")
 
 
 def render(result, console) -> None:
     cfg, d = result.config, result.derived
     m, p, t = cfg.model, cfg.parallel, cfg.training
+    console.print(verdict_line(result))
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold")
     head.add_column()
     head.add_row("files", ", ".join(cfg.files))
-    head.add_row("model", f"{m.num_layers} layers, hidden {m.hidden_size}, {m.num_attention_heads} heads"
-                          f"{f' ({m.num_kv_heads} kv)' if m.num_kv_heads != m.num_attention_heads else ''}, "
-                          f"seq {m.seq_length}, {m.norm}, {m.pos_emb}, {m.activation}, "
-                          f"{'untied' if m.no_weight_tying else 'tied'} head")
+    head.add_row("model", model_text(m, d.options if d is not None else None))
     head.add_row("layout", f"{p.world_size} GPUs ({p.world_size_source}) = pipe {p.num_stages} x "
                            f"model {p.model_parallel_size} x data {p.data_parallel_size}")
     head.add_row("batch", f"micro {t.micro_batch_size} x accumulation {t.gradient_accumulation_steps} x "
@@ -51,7 +98,7 @@ def render(result, console) -> None:
         f = result.facts
         head.add_row("cluster", f"{result.profile_name}: {f.gpu_name}, {f.gpu_memory_bytes / GIB:.0f} GiB, "
                                 f"{f.gpus_per_node} GPUs/node")
-        if getattr(f, "samples_from", ""):
+        if f.samples_from:
             head.add_row("samples", f.samples_from)
     if d is not None:
         head.add_row("parameters", f"{d.params.unique:,} total ({_n(d.params.unique)}); "
@@ -79,6 +126,7 @@ def render(result, console) -> None:
                            style="dim"))
     if result.estimate is not None:
         _render_prediction(result, console)
+    _render_suggestion(result, console)
     _render_verdicts(result, console)
 
 
@@ -92,10 +140,12 @@ def _render_prediction(result, console) -> None:
     grid.add_row("iteration", f"{_s(est.iteration_seconds)}"
                  + (f"  80% interval {_s(iv[0])} .. {_s(iv[1])} ({est.regime})" if iv else "  (no interval: the "
                     "profile carries no measured end-to-end residuals)")
-                 + f"  (paper Eq. 7 would say {_s(est.eq7_seconds)})")
+                 + f"  (the closed form of arXiv 2509.22832, Eq. 7: {_s(est.eq7_seconds)})")
     grid.add_row("throughput", f"{pred['tokens_per_second']:,.0f} tokens/s"
                  + (f", {pred['tflops_per_gpu']:.1f} TFLOP/s per GPU" if pred.get("tflops_per_gpu") else "")
                  + (f", MFU {pred['mfu']:.1%}" if pred.get("mfu") else ""))
+    if pred.get("neox_log"):
+        grid.add_row("NeoX log", pred["neox_log"]["line"])
     if pred.get("run_seconds"):
         hours = pred.get("run_hours_interval")
         gpu_hours = pred.get("run_gpu_hours_interval")
@@ -103,32 +153,33 @@ def _render_prediction(result, console) -> None:
                                   f"{pred['run_gpu_hours']:,.0f} GPU-hours"
                      + (f"  (80%: {hours[0]:,.1f}-{hours[1]:,.1f} h, {gpu_hours[0]:,.0f}-{gpu_hours[1]:,.0f} "
                         f"GPU-hours; size the allocation for the high end)" if hours else ""))
+        grid.add_row("Slurm", f"sbatch --time={pred['slurm_time']}"
+                              + (" (the interval's high end)" if hours else ""))
     terms = pred.get("step_terms")
     if terms and terms.get("applied"):
         grid.add_row("step terms", f"{terms['source']}")
     console.print(Panel(grid, title=f"Prediction ({result.profile_name})", title_align="left"))
 
-    table = Table(title="Breakdown (paper Table IX components)", title_justify="left", box=box.SIMPLE_HEAD)
-    table.add_column("component")
-    table.add_column("seconds", justify="right")
-    for key, value in est.breakdown.items():
-        table.add_row(key.replace("_", " "), _s(value))
-    console.print(table)
+    _render_breakdown(est, console)
     _render_timeline(est, console)
     top = list(pred["operators"].items())[:8]
     if top:
-        ops = Table(title="Heaviest operators on the critical stage (per iteration)", title_justify="left",
-                    box=box.SIMPLE_HEAD)
-        ops.add_column("operator")
+        title(console, "Heaviest operators on the critical stage, per iteration")
+        ops = Table(box=box.SIMPLE_HEAD)
+        ops.add_column("operator (NeoX)")
+        ops.add_column("paper", style="dim")
+        ops.add_column("phase")
         ops.add_column("seconds", justify="right")
         cover = {c["what"]: c for c in pred.get("coverage") or []}
         if cover:
-            ops.add_column("shape vs the samples")
+            ops.add_column("vs samples")
         for name, sec in top:
-            op, _, phase = name.rpartition(" ")
+            op, phase = split(name)
             c = cover.get(f"{op} {'fwd' if phase == 'recompute' else phase}")
-            ops.add_row(name, _s(sec), *([coverage_cell(c)] if cover else []))
+            ops.add_row(neox_name(op), op, PHASES.get(phase, phase), _s(sec),
+                        *([coverage_cell(c)] if cover else []))
         console.print(ops)
+        console.print(Text("paper: the operator names of arXiv 2509.22832, Table I", style="dim"))
     line = coverage_line(pred.get("coverage") or [])
     if line:
         console.print(line)
@@ -136,6 +187,106 @@ def _render_prediction(result, console) -> None:
         console.print(Text(f"extrapolated: {flag.what}: {flag.reason}", style="yellow"))
     for note in pred["notes"]:
         console.print(Text(f"note: {note}", style="yellow"))
+
+
+def _render_breakdown(est, console) -> None:
+    """The iteration as the rows that add up to it (+ ... = iteration), what the pipeline row
+    holds, and the other figures of the paper's Table IX apart (they overlap the sum); rows of
+    zero seconds are left out."""
+    c, b = est.timeline.components, est.breakdown
+    total = est.iteration_seconds or 1.0
+    title(console, "Breakdown of one iteration (arXiv 2509.22832, Table IX)")
+    table = Table(box=box.SIMPLE_HEAD)
+    table.add_column("", width=1)
+    table.add_column("component")
+    table.add_column("seconds", justify="right")
+    table.add_column("share", justify="right")
+    additive = [
+        ("pipeline: the last backward ends", c.get("pipeline_seconds", b.get("pipeline", 0.0))),
+        ("tied-embedding all-reduce, exposed", c.get("tied_allreduce_exposed", 0.0)),
+        ("gradient all-reduce, exposed", c.get("dp_allreduce_exposed", b.get("dp_allreduce_exposed", 0.0))),
+        ("update: optimizer step, ZeRO all-gather", c.get("update_seconds", b.get("update", 0.0))),
+    ]
+    inside = [
+        ("  compute on the critical stage", c.get("critical_compute_seconds", 0.0)),
+        ("    of which tensor-parallel all-reduce", b.get("mp_allreduce", 0.0)),
+        ("  its pipeline sends", c.get("pp_p2p_seconds", 0.0)),
+        ("  bubble: waiting for other stages", c.get("bubble_seconds", 0.0)),
+    ]
+    for i, (name, value) in enumerate(additive):
+        if value <= 0:
+            continue
+        table.add_row("+", name, _s(value), f"{value / total:.0%}")
+        if i == 0:
+            for sub, v in inside:
+                if v > 0:
+                    table.add_row("", Text(sub, style="dim"), Text(_s(v), style="dim"),
+                                  Text(f"{v / total:.0%}", style="dim"))
+    table.add_row("=", Text("iteration", style="bold"), Text(_s(est.iteration_seconds), style="bold"),
+                  "100%")
+    console.print(table)
+    shown = {"pipeline", "bubble", "dp_allreduce_exposed", "update", "mp_allreduce", "pp_p2p"}
+    other = [(OTHER_NAMES.get(k, k.replace("_", " ")), v) for k, v in b.items()
+             if k not in shown and v > 0]
+    if other:
+        console.print(Text("not in the sum (per micro-batch, or overlapping it): "
+                           + "; ".join(f"{name} {_s(v)}" for name, v in other), style="dim"))
+
+
+OTHER_NAMES = {
+    "encoder_forward": "one layer forward", "encoder_backward": "one layer backward",
+    "stage_forward_max": "slowest stage forward", "stage_backward_max": "slowest stage backward",
+    "dp_allreduce": "gradient all-reduce, whole", "dp_allgather": "ZeRO all-gather",
+    "optimizer": "optimizer step", "tied_allreduce": "tied-embedding all-reduce, whole",
+    "engine": "engine terms",
+}
+
+
+def _render_suggestion(result, console) -> None:
+    """What it would take (out of memory) or a faster layout: ready to paste."""
+    s = result.suggestion
+    if s is None:
+        for line in result.no_layout:
+            console.print(Text(line, style="yellow"))
+        return
+    c = s.candidate
+    if s.reason == "fits":
+        head = f"What it would take: the fastest layout that fits {s.where()}(quick search)"
+    else:
+        head = "A faster layout of these GPUs (quick search)"
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    grid.add_row("layout", s.describe())
+    iv = c.interval_seconds
+    grid.add_row("iteration", _s(c.iteration_seconds)
+                 + (f"  80% interval {_s(iv[0])} .. {_s(iv[1])}" if iv else "")
+                 + (f"  ({s.speedup:.2f}x faster than yours)" if s.speedup else ""))
+    grid.add_row("memory", f"{c.max_memory_fraction:.0%} of the GPU at most")
+    if c.run_seconds:
+        grid.add_row("whole run", f"{_hours(c.run_seconds)}, {_hours(c.gpu_hours * 3600)[:-2]} GPU-hours")
+    grid.add_row("searched", f"{s.searched} layouts in {s.seconds:.2f} s; `neox-perf plan` ranks "
+                             f"them all")
+    console.print(Panel(grid, title=head, title_align="left"))
+    # outside the panel, a flag never split from its value: the lines paste into a shell
+    console.print(Text("paste after your config files:", style="bold"))
+    for line in paste_lines(s.set_flags().split(" --"), console.width):
+        console.print(Text(line), overflow="ignore", crop=False)
+
+
+def paste_lines(flags, width: int):
+    """`--flag value` items packed into lines of at most `width`, continued with a backslash."""
+    words = [f if f.startswith("--") else "--" + f for f in flags if f]
+    lines, cur = [], ""
+    for w in words:
+        if cur and len(cur) + 1 + len(w) + 2 > width - 2:
+            lines.append(cur)
+            cur = w
+        else:
+            cur = f"{cur} {w}" if cur else w
+    if cur:
+        lines.append(cur)
+    return ["  " + l + (" \\" if i < len(lines) - 1 else "") for i, l in enumerate(lines)]
 
 
 def coverage_cell(c) -> Text:
@@ -175,8 +326,9 @@ def _render_timeline(est, console) -> None:
         b = max(a + 1, min(width, int(round(ev.end / total * width))))
         for i in range(a, b):
             rows[ev.stage][i] = glyph
-    console.print(Text("1F1B timeline (F fwd, B bwd, >/< p2p, R grad all-reduce, O optimizer, "
-                       "G all-gather)", style="bold"))
+    title(console, "1F1B timeline of one iteration")
+    console.print(Text("F forward, B backward, >/< pipeline send, R gradient all-reduce, "
+                       "O optimizer, G ZeRO all-gather", style="dim"))
     for s, row in enumerate(rows):
         line = Text(f"stage {s:>2} ")
         for ch, style in row:
@@ -185,7 +337,9 @@ def _render_timeline(est, console) -> None:
 
 
 def _render_verdicts(result, console) -> None:
-    for v in result.verdicts:
-        console.print(Text(f"{v.level.upper():8} {v.line()}", style=LEVEL_STYLE.get(v.level)))
+    """Notes first, then the verdicts from the least to the most severe: the last line is the
+    worst finding (a config NeoX refuses never ends on an OK)."""
     for w in result.warnings:
         console.print(Text(f"{'NOTE':8} {w}", style="dim"))
+    for v in sorted(result.verdicts, key=lambda v: LEVELS.index(v.level)):
+        console.print(Text(f"{v.level.upper():8} {v.line()}", style=LEVEL_STYLE.get(v.level)))

@@ -6,7 +6,7 @@ from rich.table import Table
 
 
 def _link(link) -> str:
-    return getattr(link, "name", None) or str(link)
+    return link.name or str(link)
 
 
 def _num(value, fmt: str = "{:g}") -> str:

@@ -16,7 +16,8 @@ from .. import __version__
 # The major version of each payload, by schema name: a command's name, or its own name where
 # one command prints two payloads (`calibrate --from-run` is not `calibrate`'s payload).
 SCHEMA_VERSIONS = {"check": 1, "plan": 1, "clusters": 1, "calibrate": 1,
-                   "calibrate-from-run": 1, "validate": 1, "run": 1, "report": 1}
+                   "calibrate-from-run": 1, "validate": 1, "run": 1, "report": 1,
+                   "report-neox-log": 1}
 
 
 def schema(name: str) -> str:

@@ -70,15 +70,27 @@ def render(result, console) -> None:
                        "the profile carries one. Highlighted: your own layout."
                        + (f" Hidden at this width: {', '.join(hidden)} (wider terminal or --json)."
                           if hidden else ""), style="dim"))
+    if plan.collapsed:
+        console.print(Text(f"{plan.collapsed} layouts differ from a row above only in a setting that "
+                           f"changes nothing predicted (partition +N, ZeRO a/b): folded into it",
+                           style="dim"))
+    best = plan.candidates[0] if plan.candidates else None
+    if plan.within_interval and best is not None:
+        lo, hi = best.interval_seconds
+        console.print(Text(f"ranks 1-{plan.within_interval + 1} lie within rank 1's 80% interval "
+                           f"({_interval(best.interval_seconds)} s): the prediction's error could "
+                           f"reorder them; choose among them by memory headroom or simplicity",
+                           style="yellow"))
     for b in plan.baselines:
+        note = f"; {b.note}" if b.note else ""
         if b.candidate is None:
-            console.print(Text(f"your layout on {b.gpus} GPUs: {b.reason}", style="yellow"))
+            console.print(Text(f"your layout on {b.gpus} GPUs: {b.reason}{note}", style="yellow"))
         elif b.reason:
-            console.print(Text(f"your layout on {b.gpus} GPUs ({b.layout.short()}): {b.reason}",
+            console.print(Text(f"your layout on {b.gpus} GPUs ({b.layout.short()}): {b.reason}{note}",
                                style="yellow"))
         elif b.rank is not None:
             console.print(Text(f"your layout on {b.gpus} GPUs ({b.layout.short()}) ranks {b.rank} of "
-                               f"{plan.admissible:,}", style="cyan"))
+                               f"{plan.admissible:,}{note}", style="cyan"))
     for line in plan.no_layout.values():
         console.print(Text(line, style="yellow"))
     if multi:
@@ -90,6 +102,15 @@ def render(result, console) -> None:
 
 
 _PART = {"type:transformer|mlp": "type", "parameters": "params", "uniform": "uniform"}
+
+
+def _partition_cell(c, r) -> str:
+    """The partition method, and +N for the N others folded into this row (same prediction)."""
+    l = c.layout
+    if l.num_stages <= 1:
+        return DASH
+    others = {e.pipe_partition_method for e in c.equivalent} - {l.pipe_partition_method}
+    return _PART.get(l.pipe_partition_method, l.pipe_partition_method) + (f"+{len(others)}" if others else "")
 
 
 def _k(x: float) -> str:
@@ -114,9 +135,10 @@ def _columns(width: int, multi: bool, rows):
         ("batch", lambda c, r: f"{c.batch_difference:+d}" if c.batch_difference else "=", False,
          0 if any_diff else 9),
         ("ckpt", lambda c, r: "on" if L(c).checkpoint_activations else "off", True, 0),
-        ("ZeRO", lambda c, r: str(L(c).zero_stage), False, 0),
-        ("partition", lambda c, r: _PART.get(L(c).pipe_partition_method, L(c).pipe_partition_method)
-         if L(c).num_stages > 1 else DASH, True, 0 if any_pipe else 9),
+        ("ZeRO", lambda c, r: "/".join(str(z) for z in sorted({L(c).zero_stage}
+                                                               | {e.zero_stage for e in c.equivalent})),
+         False, 0),
+        ("partition", _partition_cell, True, 0 if any_pipe else 9),
         ("iter", lambda c, r: _s(c.iteration_seconds), False, 0),
         ("80% interval", lambda c, r: _interval(c.interval_seconds), False, 2 if any_interval else 5),
         ("tokens/s", lambda c, r: _k(c.tokens_per_second), False, 3),

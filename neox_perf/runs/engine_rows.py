@@ -60,7 +60,7 @@ def stage_measurements(run_dir: str) -> Optional[Dict[str, Any]]:
 
 
 class EngineRows:
-    """``extra_rows`` for predictors.local.fit_engine: engine-term rows from merged runs.
+    """``extra_rows`` for predictors/fitting/engine_fit.fit_engine: engine-term rows from merged runs.
 
     The engine terms model what a step costs beyond its operators, and the engine
     calibration measures that on one-process models at its own shapes; a run measures it at

@@ -2,7 +2,7 @@
 
 The refit of `calibrate --from-run`: merge_run_samples copies the run's operator and
 collective samples into that store (once per job), and the same trainer then fits the
-profile again from calibration + run samples together (predictors.local.fit_store); the
+profile again from calibration + run samples together (predictors/fitting/calibrated.fit_store); the
 stage times of every merged run are kept in the store for the engine terms (engine_rows).
 """
 from __future__ import annotations

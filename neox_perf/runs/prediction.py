@@ -77,12 +77,13 @@ def load(cluster: Optional[str]):
     if not cluster:
         return None, ("no cluster profile (neox-perf run --cluster NAME, or NEOX_PERF_CLUSTER): "
                       "prediction skipped")
-    from neox_perf.errors import UsageError
+    from neox_perf.errors import NeoxPerfError
     from neox_perf.predict import load_cluster
     try:
         return load_cluster(cluster), ""
-    except UsageError as exc:
-        return None, f"cluster profile {cluster!r} not usable ({exc}): prediction skipped"
+    except Exception as exc:  # noqa: BLE001 - the run goes on; its prediction is what is lost
+        why = exc.line() if isinstance(exc, NeoxPerfError) else f"{exc.__class__.__name__}: {exc}"
+        return None, f"cluster profile {cluster!r} not usable ({why}): prediction skipped"
 
 
 def predict(record, facts, profile) -> Dict[str, Any]:
@@ -143,8 +144,7 @@ def predict_call(profile, op: str, phase: str, features: Dict[str, float],
             # A profile counts elements of the dtype its collectives were measured in; another
             # dtype moves proportionally more or fewer bytes.
             width = {"fp16": 2, "bf16": 2, "fp32": 4, "fp64": 8}
-            scale = (width.get(dtype, 2)
-                     / width.get(getattr(profile, "collective_dtype", "fp16"), 2))
+            scale = width.get(dtype, 2) / width.get(profile.collective_dtype, 2)
             gpn = int(features["gpus_per_node"])
             if gpn > profile.facts.gpus_per_node:
                 return None, f"{gpn} ranks per node > the profile's {profile.facts.gpus_per_node}"

@@ -15,18 +15,21 @@ version, CPU vs GPU), not a shape the original samples never covered. The refit 
 """
 from __future__ import annotations
 
-import copy
-import dataclasses
 import os
-import shutil
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..profile.directory import replacing, write
+from ..profile.manifest import Manifest
+from ..profile.protocol import Profile
+from ..profile.sections import Provenance
+from ..step_terms import StepTerms, StepTermsSection
 from . import FromRunError, prediction
 from . import files as runfiles
-from .profile_dir import recover_dir, replace_dir, temp_dir_for, write_manifest
+from .files import clean
 
 
 def _weighted_median(pairs: List[Tuple[float, int]]) -> float:
@@ -75,14 +78,14 @@ def run_errors(run_dir: str, profile) -> Dict[str, Any]:
 
 
 def recalibrate_from_run(run_dir: str, profile, out_dir: str, name: Optional[str] = None) -> Dict[str, Any]:
-    """Write a corrected copy of `profile` (name, directory or ClusterProfile) to `out_dir`,
-    named `name` (default: the directory's name); out_dir is replaced in one step."""
+    """Write a corrected copy of `profile` (a name, a directory or a loaded Profile) to
+    `out_dir`, named `name` (default: the directory's name); out_dir is replaced in one step."""
     from neox_perf import opspec
-    from neox_perf.predictors.profile import MANIFEST_FILE, load_profile
-    prof = load_profile(profile) if not hasattr(profile, "manifest") else profile
+    from neox_perf.predictors.profile import load_profile
+    prof: Profile = load_profile(profile) if isinstance(profile, (str, os.PathLike)) else profile
     # A cluster description predicts through the sampled profile it is based on: the models
     # scaled (and the trees copied) are that base's, the name and facts the description's.
-    models = getattr(prof, "base", None) or prof
+    models = prof.base or prof
     samples, devices = _run_samples(os.path.abspath(run_dir))
     if not samples:
         raise FromRunError(f"{run_dir}: no run samples to recalibrate from (fix: run the job "
@@ -97,43 +100,43 @@ def recalibrate_from_run(run_dir: str, profile, out_dir: str, name: Optional[str
             continue
         # The median of the calls: what `neox-perf report` compares a prediction with.
         ratios.setdefault((s.op, phase), []).append((s.median / pred, max(int(s.repeats), 1)))
-    manifest = copy.deepcopy(prof.manifest)
-    manifest.pop("transfer", None)  # the corrected models stand on their own
+    manifest = prof.manifest
+    operators = {op: dict(phases) for op, phases in manifest.operators.items()}
+    collectives = dict(manifest.collectives)
     factors: Dict[str, Dict[str, Any]] = {}
     for (op, phase), pairs in sorted(ratios.items()):
-        entry = (manifest["collectives"].get(op) if phase == "comm"
-                 else manifest["operators"].get(op, {}).get(phase))
+        entry = manifest.model(op, phase)
         key = f"{op}/{phase}"
-        if entry is None or "baseline" not in entry:
+        if entry is None or entry.baseline is None:
             skipped[key] = "derived from another phase or not in the profile"
             continue
         factor = _weighted_median(pairs)
-        entry["baseline"]["coef"] = [c * factor for c in entry["baseline"]["coef"]]
+        scaled = replace(entry, baseline=replace(entry.baseline, coef=tuple(c * factor for c in entry.baseline.coef)))
+        if phase == "comm":
+            collectives[op] = scaled
+        else:
+            operators[op][phase] = scaled
         factors[key] = {"factor": factor, "samples": len(pairs),
                         "calls": sum(w for _, w in pairs)}
     final = Path(out_dir)
     name = name or final.resolve().name
-    manifest["name"] = name
     from .report import measured_job
     job = measured_job(run_dir)  # (reference rank's summary, measured iterations), read once
-    steps = _level_step_terms(manifest, job[0])
-    manifest.setdefault("provenance", {})["recalibrated"] = {
+    section, steps = _level_step_terms(manifest.step_terms, job[0])
+    recalibrated = clean({
         "from_profile": prof.name, "run_dir": os.path.abspath(run_dir), "time": time.time(),
         "method": "baseline coefficients x weighted median(measured / predicted) per model",
-        "factors": factors, "skipped": skipped, "devices": devices}
-    recover_dir(final)
-    tmp = temp_dir_for(final)
-    try:
-        arrays = (manifest.get("arrays") or {}).get("file")
-        if arrays:  # the trees, unchanged (the manifest keeps their checksum)
-            shutil.copy2(os.path.join(str(models.path), arrays), tmp / arrays)
-        write_manifest(tmp / MANIFEST_FILE, manifest)
-        steps.update(_refit_fixed_cost(manifest, tmp, run_dir, *job))
-        write_manifest(tmp / MANIFEST_FILE, manifest)
-        replace_dir(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        "factors": factors, "skipped": skipped, "devices": devices})
+    # the corrected models stand on their own: no transfer section
+    manifest = replace(manifest, name=name, operators=operators, collectives=collectives, transfer=None,
+                       step_terms=section,
+                       provenance=replace(manifest.provenance or Provenance(), recalibrated=recalibrated))
+    with replacing(final) as tmp:
+        write(tmp, manifest, arrays_from=models.path)  # the trees as they were, checksum and all
+        section, refitted = _refit_fixed_cost(manifest, tmp, run_dir, *job)
+        steps.update(refitted)
+        if section is not None:
+            write(tmp, replace(manifest, step_terms=section))
     return {"profile": str(final.resolve()), "name": name, "from_profile": prof.name,
             "factors": factors, "skipped": skipped, "samples": len(samples), "step_terms": steps}
 
@@ -143,34 +146,32 @@ def recalibrate_from_run(run_dir: str, profile, out_dir: str, name: Optional[str
 REFIT = "micro_batch_s"
 
 
-def _level_step_terms(manifest: Dict[str, Any], ref: dict) -> Dict[str, Any]:
+def _level_step_terms(section: Optional[StepTermsSection], ref: dict) -> Tuple[StepTermsSection, Dict[str, Any]]:
     """The step terms a level-corrected profile starts from. The factors came from the run's own
     calls, measured inside real steps, so the in-situ slowdown the development-set scales stand
     for is in the operators now: both scales become 1. On a CPU a call's host time already
     holds its dispatch, so the host dispatch term goes too. The rest stay as the profile had them
     until _refit_fixed_cost pins the per-micro-batch cost on the run."""
-    from neox_perf.step_terms import StepTerms
-    section = manifest.setdefault("step_terms", {})
-    base = StepTerms.from_dict(section["terms"]) if section.get("terms") else StepTerms()
+    section = section or StepTermsSection()
+    base = section.terms or StepTerms()
     cpu = (ref.get("facts") or {}).get("device_type") == "cpu"
-    start = dataclasses.replace(base, compute_scale=1.0, memory_scale=1.0,
-                                dispatch_s=0.0 if cpu else base.dispatch_s)
-    section["terms"] = start.to_dict()
+    start = replace(base, compute_scale=1.0, memory_scale=1.0,
+                    dispatch_s=0.0 if cpu else base.dispatch_s)
     # what was fitted on the development set no longer describes these terms
-    for key in ("cross_validation", "command"):
-        section.pop(key, None)
-    return {"from": base.to_dict(), "start": start.to_dict()}
+    section = replace(section, terms=start, cross_validation=None,
+                      extra={k: v for k, v in section.extra.items() if k != "command"})
+    return section, {"from": base.to_dict(), "start": start.to_dict()}
 
 
-def _refit_fixed_cost(manifest: Dict[str, Any], profile_dir: Path, run_dir: str, ref: dict,
-                      iters: Dict[str, Any]) -> Dict[str, Any]:
+def _refit_fixed_cost(manifest: Manifest, profile_dir: Path, run_dir: str, ref: dict,
+                      iters: Dict[str, Any]) -> Tuple[Optional[StepTermsSection], Dict[str, Any]]:
     """Refit REFIT on the run's median iteration with the corrected operators (written to
-    profile_dir already); the manifest's terms are updated in place."""
+    profile_dir already): the step-terms section refitted (None: nothing to refit), and what
+    happened."""
+    from neox_perf.predictors.fitting.step_fit import Case, refit
     from neox_perf.predictors.profile import load_profile
-    from neox_perf.predictors.step_fit import Case, refit
-    from neox_perf.step_terms import StepTerms
     if not iters.get("median"):
-        return {"refitted": None, "why": "no measured iteration outside warm-up and profiling"}
+        return None, {"refitted": None, "why": "no measured iteration outside warm-up and profiling"}
     profile = load_profile(str(profile_dir))
     try:
         decomp = prediction.decomposition(ref.get("config") or {}, ref.get("facts") or {}, profile)
@@ -179,11 +180,10 @@ def _refit_fixed_cost(manifest: Dict[str, Any], profile_dir: Path, run_dir: str,
     else:
         why = "the recorded config could not be rebuilt"
     if decomp is None:
-        return {"refitted": None, "why": why}
-    section = manifest["step_terms"]
-    start = StepTerms.from_dict(section["terms"])
-    terms = refit([Case("run", decomp, float(iters["median"]))], profile, start, (REFIT,))
-    section["terms"] = terms.to_dict()
-    section["fitted_on"] = (f"level-corrected from {manifest['provenance']['recalibrated']['from_profile']}; "
-                            f"{REFIT} refitted on the median iteration of {os.path.abspath(run_dir)}")
-    return {"refitted": REFIT, "value": getattr(terms, REFIT), "measured_median": iters["median"]}
+        return None, {"refitted": None, "why": why}
+    section = manifest.step_terms
+    terms = refit([Case("run", decomp, float(iters["median"]))], profile, section.terms, (REFIT,))
+    section = replace(section, terms=terms,
+                      fitted_on=f"level-corrected from {manifest.provenance.recalibrated['from_profile']}; "
+                                f"{REFIT} refitted on the median iteration of {os.path.abspath(run_dir)}")
+    return section, {"refitted": REFIT, "value": getattr(terms, REFIT), "measured_median": iters["median"]}

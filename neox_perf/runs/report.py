@@ -14,8 +14,8 @@ import os
 import statistics
 from typing import Any, Dict, List, Optional, Tuple
 
+from . import RunError, prediction
 from . import files as runfiles
-from . import prediction
 from .files import read_iterations
 
 
@@ -25,7 +25,7 @@ from .files import read_iterations
 PARTITION_GATHER_PHASES = ("forward", "backward", "recv_grads")
 
 
-class ReportError(Exception):
+class ReportError(RunError):
     """The run dir holds nothing to report; the message says why and what to do."""
 
 
@@ -339,7 +339,7 @@ def build(run_dir: str, cluster: Optional[str] = None, profile=None, top: int = 
     if facts.get("missing"):
         notes.append("could not read from the engine: " + ", ".join(facts["missing"]))
     from ..predict import calibration
-    calibrated_on = calibration(profile).get("device")
+    calibrated_on = calibration(profile).device if profile is not None else None
     if profile is not None and facts.get("device_type") == "cpu" and calibrated_on != "cpu":
         notes.append(f"this run ran on CPU; profile {profile.name} models "
                      f"{profile.facts.gpu_name}: expect large errors")
@@ -354,7 +354,7 @@ def build(run_dir: str, cluster: Optional[str] = None, profile=None, top: int = 
                                              "micro_batches", "micro_batch_size", "dtype",
                                              "device_type", "zero_stage", "parts")},
         "config": {k: (ref.get("config") or {}).get(k) for k in ("source", "files", "why")},
-        "cluster": getattr(profile, "name", None),
+        "cluster": profile.name if profile is not None else None,
         "iteration": {"measured": iters, "predicted": p_it, "error_min": _err(p_it, iters["min"]),
                       "error_median": _err(p_it, iters["median"]),
                       "interval_seconds": pred.get("interval_seconds")},

@@ -37,7 +37,7 @@ def test_shape_rules_follow_the_decomposition():
 
 
 def test_shape_rules_agree_with_the_published_sample_converter():
-    from neox_perf.predictors import samples
+    from neox_perf.predictors.fitting import samples
     by_op = {}
     for source in samples.SOURCE_OPS.values():
         if source.stage is None:
@@ -172,7 +172,7 @@ def test_a_list_of_blocks_is_a_union_of_grids(tmp_path):
 
 
 def test_quick_plan_gives_the_trainer_enough_rows_for_trees():
-    from neox_perf.predictors import fit
+    from neox_perf.predictors.fitting import fit
     counts = {}
     for p in load_plan("quick").points:
         counts[(p.op, p.phase)] = counts.get((p.op, p.phase), 0) + 1

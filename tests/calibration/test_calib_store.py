@@ -205,5 +205,5 @@ def test_concurrent_writers_lose_nothing(tmp_path):
 
 
 def test_collective_phase_matches_the_trainer():
-    from neox_perf.predictors import samples
+    from neox_perf.predictors.fitting import samples
     assert samples.COLLECTIVE_PHASE == COLLECTIVE_PHASE

@@ -49,7 +49,7 @@ def test_calibrate_stores_every_point_then_resumes(tmp_path, tiny_plan):
 
 
 def test_samples_become_the_trainers_training_sets(tmp_path, tiny_plan):
-    from neox_perf.predictors.local import training_sets
+    from neox_perf.predictors.fitting.store_samples import training_sets
     store_path = tmp_path / "cal.sqlite"
     calibrate(tiny_plan, store_path, clock=FakeClock())
     sets = training_sets(store_path)

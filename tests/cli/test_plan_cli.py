@@ -23,14 +23,16 @@ CONTRACT = {
     "top": {"schema", "neox_perf_version", "command", "exit_code", "files", "cluster", "gpus",
             "global_batch", "global_batch_source", "train_iters", "memory_headroom", "evaluated",
             "predicted", "admissible", "bounded", "duplicates", "rejected", "seconds", "baseline",
-            "baselines", "candidates", "pareto_front", "no_layout", "written", "overlay", "warnings"},
+            "baselines", "candidates", "pareto_front", "no_layout", "written", "overlay", "warnings",
+            "collapsed", "within_interval"},  # the last two added in v1 (adding keeps the version)
     "candidate": {"rank", "gpus", "layout", "train_batch_size", "batch_difference",
                   "iteration_seconds", "interval_seconds", "tokens_per_second", "mfu", "run_hours",
-                  "gpu_hours", "fits", "max_memory_fraction", "dominant", "pareto"},
+                  "gpu_hours", "fits", "max_memory_fraction", "dominant", "pareto",
+                  "equivalent"},  # added in v1
     "layout": {"pipe_parallel_size", "model_parallel_size", "data_parallel_size",
                "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
                "checkpoint_activations", "zero_stage", "pipe_partition_method"},
-    "baseline_extra": {"reason"},
+    "baseline_extra": {"reason", "note"},  # note added in v1
 }
 DOMINANT = {"compute", "TP-comm", "bubble", "p2p", "DP-sync", "optimizer"}
 
@@ -241,3 +243,62 @@ def test_shipped_configs_plan_or_fail_in_one_line_like_check(neox_configs, clust
         assert len(out.strip().splitlines()) == 1 and "admits no layout" in out
     else:
         assert "neox-perf plan" in out
+
+
+# -- issue 26: rows that differ in nothing, rows the interval cannot tell apart, the kept batch --
+
+def test_layouts_that_differ_in_nothing_predicted_are_one_row(neox_configs, cluster):
+    """20B.yml on 96 GPUs: the three partition methods cut 6-stage pipelines with the same
+    predicted time and memory; they are one row, the others listed as its equivalents."""
+    code, out, _ = run(["plan", str(neox_configs / "20B.yml"), "--gpus", "96", "--cluster", cluster,
+                        "--top", "0", "--max-micro-batch", "2", "--json"])
+    data = json.loads(out)
+    cands = data["candidates"]
+    assert data["collapsed"] > 0 and any(c["equivalent"] for c in cands)
+    seen = {}
+    for c in cands:
+        l = c["layout"]
+        key = (c["gpus"], l["pipe_parallel_size"], l["model_parallel_size"],
+               l["train_micro_batch_size_per_gpu"], l["gradient_accumulation_steps"],
+               l["checkpoint_activations"])
+        for other in seen.get(key, []):
+            assert (abs(other["iteration_seconds"] - c["iteration_seconds"]) > 1e-3 * other["iteration_seconds"]
+                    or abs(other["max_memory_fraction"] - c["max_memory_fraction"]) > 0.005)
+        seen.setdefault(key, []).append(c)
+    folded = next(c for c in cands if c["equivalent"])
+    assert all(e["pipe_partition_method"] != folded["layout"]["pipe_partition_method"]
+               or e["zero_stage"] != folded["layout"]["zero_stage"] for e in folded["equivalent"])
+
+
+def test_says_when_the_top_lies_within_the_best_interval(neox_configs, cluster):
+    argv = ["plan", str(neox_configs / "20B.yml"), "--gpus", "96", "--cluster", cluster, "--top", "8",
+            "--max-micro-batch", "2"]
+    data = json.loads(run(argv + ["--json"])[1])
+    best = data["candidates"][0]
+    high = best["interval_seconds"][1]
+    inside = sum(1 for c in data["candidates"][1:] if c["iteration_seconds"] * best["train_batch_size"]
+                 / c["train_batch_size"] <= high)
+    assert data["within_interval"] == inside > 0
+    text = " ".join(run(argv)[1].split())
+    assert f"ranks 1-{inside + 1} lie within rank 1's 80% interval" in text
+
+
+def test_the_users_layout_keeps_the_global_batch_at_other_gpu_counts(neox_configs, cluster):
+    """20B.yml sets micro 4 x accumulation 32 and no train_batch_size: at 64 GPUs (dp 8) that is
+    a batch of 1024; at 128 GPUs the user's layout is compared with accumulation 16, not at twice
+    the batch."""
+    code, out, _ = run(["plan", str(neox_configs / "20B.yml"), "--gpus", "64,128", "--cluster", cluster,
+                        "--top", "3", "--max-micro-batch", "4", "--json"])
+    data = json.loads(out)
+    assert data["global_batch"] == 1024
+    at128 = next(b for b in data["baselines"] if b["gpus"] == 128)
+    assert at128["batch_difference"] == 0 and at128["layout"]["gradient_accumulation_steps"] == 16
+    assert "accumulation 16 instead of 32 keeps the global batch 1024" in at128["note"]
+
+
+def test_plan_takes_set_like_check(write_yaml, cluster):
+    path = write_yaml("small.yml", SMALL)
+    code, out, _ = run(["plan", path, "--gpus", "8", "--cluster", cluster, "--top", "1", "--json",
+                        "--set", "model_parallel_size=1", "--set", "pipe_parallel_size=1"])
+    base = json.loads(out)["baseline"]["layout"]
+    assert (base["model_parallel_size"], base["pipe_parallel_size"]) == (1, 1)

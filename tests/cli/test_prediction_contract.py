@@ -12,7 +12,9 @@ PREDICTION_KEYS = {
     "profile", "iteration_seconds", "interval_seconds", "eq7_seconds", "breakdown",
     "tokens_per_second", "stages", "operators", "extrapolated_share", "step_terms", "extrapolated",
     "coverage", "notes", "tflops_per_gpu", "mfu", "run_seconds", "run_gpu_hours", "run_hours_interval",
-    "run_gpu_hours_interval", "regime", "inter_node_share",
+    "run_gpu_hours_interval",
+    # added in v1 (new keys keep the version): NeoX's own log units, the Slurm --time of the run
+    "neox_log", "slurm_time", "regime", "inter_node_share",
 }
 
 

@@ -51,10 +51,21 @@ def test_yml_suffix_is_added_like_deepy(write_yaml, tmp_path):
     assert raw.files[0].endswith("model.yml")
 
 
-def test_unknown_key_warns_with_suggestion(write_yaml):
-    a = write_yaml("a.yml", BASE + "num_attention_head: 8\n")
-    raw = load_files([a])
-    assert any("did you mean 'num_attention_heads'" in w for w in raw.warnings)
+def test_unknown_key_is_an_error_with_suggestion(write_yaml):
+    """NeoXArgs(**config) raises on a key it does not declare: an error verdict, not a note."""
+    a = write_yaml("a.yml", BASE + "checkpoint_activation: true\n")
+    _, verdicts, warnings = build(load_files([a]), WorldRequest(gpus=1))
+    bad = [v for v in verdicts if v.code == "unknown_key"]
+    assert len(bad) == 1 and bad[0].level == "error" and bad[0].file == a
+    assert "did you mean 'checkpoint_activations'" in bad[0].message
+    assert not any("checkpoint_activation" in w for w in warnings)
+
+
+def test_a_typo_of_a_required_key_names_the_typo(write_yaml):
+    a = write_yaml("a.yml", BASE.replace("hidden_size", "hiden_size"))
+    with pytest.raises(ConfigError) as exc:
+        build(load_files([a]), WorldRequest(gpus=1))
+    assert "'hiden_size'" in exc.value.line() and "did you mean 'hidden_size'" in exc.value.line()
 
 
 def test_type_errors_name_file_key_and_fix(write_yaml):
@@ -96,5 +107,15 @@ def test_unreadable_files_give_one_line(write_yaml, text, needle):
 
 
 def test_missing_file():
-    with pytest.raises(ConfigError, match="file not found"):
+    with pytest.raises(ConfigError, match="no such file"):
         load_files(["/nonexistent/x.yml"])
+
+
+def test_missing_file_is_named_as_typed(tmp_path):
+    """deepy.py appends .yml to a bare name; the error names what the user typed, and the
+    path tried beside it."""
+    with pytest.raises(ConfigError) as exc:
+        load_files(["125M"], conf_dir=str(tmp_path))
+    line = exc.value.line()
+    assert line.startswith(f"{tmp_path / '125M'}: no such file")
+    assert f"nor {tmp_path / '125M.yml'}" in line

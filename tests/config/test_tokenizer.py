@@ -41,7 +41,13 @@ def test_fallbacks_say_what_they_used():
     assert raw_vocab("GPT2BPETokenizer", None, None, []).size == 50257
     assert raw_vocab("HFTokenizer", "x.json", 1234, []).source == "--vocab-size"
     assert raw_vocab("CharLevelTokenizer", None, None, []).size == 512
-    assert "unknown" in raw_vocab("HFTokenizer", "nope.json", None, []).source
+    guessed = raw_vocab("HFTokenizer", "nope.json", None, [])
+    assert "GPT-2's 50,257 assumed" in guessed.source and guessed.assumed
+    assert not rv.assumed and not raw_vocab("GPT2BPETokenizer", None, None, []).assumed
+    # a SentencePiece model's size by its generic name is an assumption too
+    spm = raw_vocab("SPMTokenizer", "codellama/tokenizer.model", None, [])
+    assert spm.size == 32000 and spm.assumed
+    assert raw_vocab("SPMTokenizer", None, None, []).assumed
 
 
 def test_corrupt_file_falls_back(tmp_path):

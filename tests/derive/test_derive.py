@@ -52,20 +52,24 @@ def test_errors_are_value_errors():
         derive(make_config(pipe_partition_method="type:nothing"), 100)
 
 
-def test_warns_on_gated_width_mismatch_and_zero_param_stage():
+def test_refuses_gated_width_mismatch_and_zero_param_stage():
+    """Both stop NeoX (a matmul at the first forward; an optimizer over no parameters): errors
+    of neox_perf.refusals, not derive warnings."""
+    from neox_perf.refusals import config_refusals, derived_refusals
     cfg = make_config(hidden_size=4096, num_attention_heads=32, activation="swiglu",
                       intermediate_size=14336)
-    warnings = derive(cfg, 100).warnings
-    assert any("linear1" in w for w in warnings)
-    assert not any("holds no parameters" in w for w in warnings)
+    d = derive(cfg, 100)
+    assert [v.code for v in config_refusals(cfg)] == ["gated_mlp_width"]
+    assert "linear1 gives 2 x 4779" in config_refusals(cfg)[0].message
+    assert not derived_refusals(cfg, d) and not any("linear1" in w for w in d.warnings)
     # uniform over 6 layer specs in 5 stages: stage 2 gets only _post_transformer_block
-    d = derive(make_config(num_layers=1, pipe_parallel_size=5, world_size=5,
-                           pipe_partition_method="uniform"), 100)
+    cfg = make_config(num_layers=1, pipe_parallel_size=5, world_size=5, pipe_partition_method="uniform")
+    d = derive(cfg, 100)
     assert [s.params_per_rank == 0 for s in d.stages] == [False, False, True, False, False]
-    assert [w for w in d.warnings if "holds no parameters" in w] == [
-        "pipeline stage 2 holds no parameters (_post_transformer_block); building its "
-        "optimizer fails (empty parameter list)"]
-    assert not any("linear1" in w for w in d.warnings)
+    refused = derived_refusals(cfg, d)
+    assert [(v.code, v.level) for v in refused] == [("stage_without_parameters", "error")]
+    assert "stage 2 holds no parameters (_post_transformer_block)" in refused[0].message
+    assert not config_refusals(cfg)
 
 
 def test_with_config_loader(neox_configs):

@@ -69,8 +69,8 @@ def tiny_home(tmp_path_factory):
     does (operators, collectives, engine terms), with fewer points and engine shapes."""
     from neox_perf.calibration.engine import engine_path, run_engine
     from neox_perf.commands.calibrate import run_calibrate
-    from neox_perf.predictors import fit
-    from neox_perf.predictors.local import add_engine
+    from neox_perf.predictors.fitting import fit
+    from neox_perf.predictors.fitting.engine_fit import add_engine
     home = tmp_path_factory.mktemp("tiny-home")
     plan = home / "tiny.yml"
     plan.write_text(TINY_PLAN)
@@ -189,7 +189,7 @@ def test_a_calibrated_profile_is_refitted_in_place_from_its_store(hooked, tiny_h
 
 def test_a_failed_refit_leaves_the_old_profile(hooked, tiny_home, tmp_path, monkeypatch, mocker):
     from neox_perf.commands import from_run
-    from neox_perf.predictors import local
+    from neox_perf.predictors.fitting import calibrated as local
     home = tmp_path / "home"
     shutil.copytree(tiny_home, home)
     manifest = json.loads((home / "profiles" / "tiny" / "manifest.json").read_text())
@@ -212,7 +212,7 @@ def test_a_failed_refit_leaves_the_old_profile(hooked, tiny_home, tmp_path, monk
 
 
 def test_replacing_a_profile_directory_survives_a_kill_between_renames(tmp_path, mocker):
-    from neox_perf.runs import profile_dir as rc
+    from neox_perf.profile import directory as rc
     final = tmp_path / "prof"
     final.mkdir()
     (final / "manifest.json").write_text("old")

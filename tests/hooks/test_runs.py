@@ -18,6 +18,9 @@ pytest.importorskip("deepspeed")
 from hook_helpers import HERE, base_env, cli, free_port, run  # noqa: E402
 from workload_specs import VOCAB, write_config  # noqa: E402
 
+from neox_perf.profile.manifest import Manifest  # noqa: E402
+from neox_perf.profile.values import Coverage  # noqa: E402
+
 ITERS = 12
 WINDOWS = "skip=3,warmup=1,active=2,every=4,repeat=2"  # warm-up 3, 7; recorded 4-5, 8-9
 MODULE = "neox_perf.calibration.workload.train"
@@ -228,6 +231,8 @@ class _FlatProfile:
     """A stand-in cluster profile: every operator call 10 us, every collective 20 us."""
 
     name = "flat-test"
+    collective_dtype = "fp16"
+    manifest = Manifest("flat-test")  # no engine or step terms
 
     class facts:
         gpus_per_node = 8
@@ -242,6 +247,9 @@ class _FlatProfile:
 
     def predict_collective(self, kind, elements, nodes, gpus_per_node):
         return self._P(0.0 if nodes * gpus_per_node == 1 else 2e-5)
+
+    def coverage(self, op, phase, features):
+        return Coverage("in range", 1.0, "")
 
 
 def test_prediction_is_rebuilt_offline_from_the_recorded_config(hooked):
@@ -271,7 +279,7 @@ def test_recalibrated_profile_predicts_the_run_it_came_from(hooked, tmp_path):
     out = recalibrate_from_run(str(hooked["run_dir"]), hooked["cluster"], str(tmp_path / "cpu-run"))
     assert out["factors"]["linear1/fwd"]["calls"] >= 8
     new = load_profile(str(tmp_path / "cpu-run"))
-    assert new.name == "cpu-run" and new.manifest["provenance"]["recalibrated"]["from_profile"]
+    assert new.name == "cpu-run" and new.manifest.provenance.recalibrated["from_profile"]
     with SampleStore(store_files(str(hooked["run_dir"]))[0]) as store:
         lin = [s for s in store.samples(source="run") if (s.op, s.phase) == ("linear1", "fwd")]
     before = [s.median / prediction.predict_call(load_profile(hooked["cluster"]), s.op, s.phase,

@@ -86,3 +86,31 @@ def test_loss_is_bit_identical_with_and_without_the_hook(neox, neox_work):
     plain = _run("pp1", neox, neox_work, hook=False)
     assert hooked.loss_series() == plain.loss_series()
     assert all(len(set(per_rank.values())) == 1 for per_rank in hooked.losses.values())
+
+
+def test_report_reads_neox_own_training_log(neox, neox_work, tmp_path):
+    """A plain NeoX run (no hook): `report LOG --config` reads NeoX's own log lines, and NeoX's
+    logged "approx flops per GPU" is what neox_log computes at the logged iteration time."""
+    import contextlib
+    import io
+    import statistics
+    from neox_perf.cli import main
+    plain = _run("pp1", neox, neox_work, hook=False)
+    log = tmp_path / "train.log"
+    log.write_text(plain.log)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["report", str(log), "--config", plain.config, "--cluster", "perlmutter-a100",
+                     "--json"])
+    assert code == 0
+    r = json.loads(out.getvalue())
+    assert r["world_size"] == neox_cpu.LAYOUTS["pp1"].gpus  # from the arguments NeoX printed
+    used = plain.iteration_ms[1:]
+    assert r["logged"]["intervals"] == len(plain.iteration_ms) and r["logged"]["used"] == len(used)
+    assert r["measured"]["median_seconds"] * 1000 == pytest.approx(statistics.median(used))
+    assert len(used) % 2 == 1  # the median is one logged interval: its flops are NeoX's own figure
+    from neox_perf.config import WorldRequest, build, load_files
+    from neox_perf.neox_log import units
+    cfg, _, _ = build(load_files([plain.config]), WorldRequest(gpus=r["world_size"]))
+    ours = units(cfg, 512, r["measured"]["median_seconds"]).approx_flops_per_gpu  # CharLevel: 512
+    assert r["measured"]["approx_flops_per_gpu"] == pytest.approx(ours, rel=6e-3)  # NeoX prints 3-4 digits

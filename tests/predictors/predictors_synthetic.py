@@ -12,7 +12,7 @@ from typing import Dict, List
 import numpy as np
 
 from neox_perf import opspec
-from neox_perf.predictors.samples import SOURCE_OPS
+from neox_perf.predictors.fitting.samples import SOURCE_OPS
 
 GPU = "FAKEGPU-80GB"
 PEAK = 200e12  # below the fake cluster facts used in the tests

@@ -6,7 +6,7 @@ import pytest
 
 from neox_perf.predictors import ProfileError, list_profiles, load_profile
 from neox_perf.predictors import gpus
-from neox_perf.predictors.profile import _bundled_dir
+from neox_perf.profile.directory import bundled_dir
 from neox_perf.predictors.transfer import TransferredProfile
 
 REQUIRED_GPUS = ("A100-SXM4-40GB", "A100-SXM4-80GB", "A100-PCIe-80GB", "H100-SXM5-80GB", "H100-PCIe",
@@ -71,24 +71,25 @@ def test_a_minimal_description_loads_with_the_profile_interface(tmp_path):
 
 def test_the_manifest_carries_the_base_keys_and_a_transfer_section(tmp_path):
     base_dir = tmp_path / "base"
-    shutil.copytree(_bundled_dir() / "perlmutter-a100-80gb", base_dir)
+    shutil.copytree(bundled_dir() / "perlmutter-a100-80gb", base_dir)
     manifest = json.loads((base_dir / "manifest.json").read_text())
     manifest["step_terms"] = {"per_micro_batch": {"seconds": 0.001}}
     (base_dir / "manifest.json").write_text(json.dumps(manifest))
     text = MINIMAL.replace("base: perlmutter-a100-80gb", "base: ./base")
     p = load_profile(str(_write(tmp_path, text)))
     base = load_profile(str(base_dir))
-    for key in base.manifest:
-        assert key in p.manifest
+    mine, theirs = p.manifest.to_dict(), base.manifest.to_dict()  # as manifest.json holds them
+    for key in theirs:
+        assert key in mine
         if key not in ("name", "facts", "notes"):
-            assert p.manifest[key] == base.manifest[key], key
-    assert p.manifest["step_terms"] == {"per_micro_batch": {"seconds": 0.001}}
-    t = p.manifest["transfer"]
+            assert mine[key] == theirs[key], key
+    assert mine["step_terms"] == {"per_micro_batch": {"seconds": 0.001}}
+    t = mine["transfer"]
     assert t["samples_gpu"] == "A100-SXM4-80GB" and t["target_gpu"] == "H100-SXM5-80GB"
     assert t["base_profile"] == base.name and t["operators"]["method"] == "additive"
     assert t["operators"]["compute_time_ratio"] == pytest.approx(312 / 989)
     assert any("transferred" in line for line in t["summary"])
-    assert p.manifest["facts"]["gpus_per_node"] == 8 and p.manifest["name"] == "mini"
+    assert mine["facts"]["gpus_per_node"] == 8 and mine["name"] == "mini"
 
 
 def test_the_bundled_perlmutter_a100_is_the_40gb_description():
@@ -96,7 +97,7 @@ def test_the_bundled_perlmutter_a100_is_the_40gb_description():
     assert isinstance(p, TransferredProfile)
     assert p.facts.gpu_memory_bytes == 40 * 2**30 and p.facts.hbm_bandwidth_gbps == 1555
     assert p.base.name == "perlmutter-a100-80gb" and p.base.facts.gpu_memory_bytes == 80 * 2**30
-    t = p.manifest["transfer"]
+    t = p.manifest.transfer
     assert t["samples_gpu"] == "A100-SXM4-80GB" and t["target_gpu"] == "A100-SXM4-40GB"
     assert t["operators"]["bandwidth_time_ratio"] == pytest.approx(2039 / 1555)
     infos = {i.name: i for i in list_profiles()}
@@ -180,7 +181,7 @@ def test_a_file_that_is_not_a_description_is_one_line(tmp_path, text, words):
 
 def test_a_base_whose_gpu_is_not_in_the_table_asks_for_base_gpu(tmp_path):
     base_dir = tmp_path / "odd-base"
-    shutil.copytree(_bundled_dir() / "vista-gh200", base_dir)
+    shutil.copytree(bundled_dir() / "vista-gh200", base_dir)
     manifest = json.loads((base_dir / "manifest.json").read_text())
     manifest["facts"]["gpu_name"] = "Some Future GPU"
     (base_dir / "manifest.json").write_text(json.dumps(manifest))

@@ -45,7 +45,7 @@ def test_a_description_equal_to_its_base_predicts_what_the_base_predicts(tmp_pat
     base = load_profile(base_name)
     same = _desc(tmp_path, IDENTICAL[base_name])
     checked = 0
-    for op, phases in base.manifest["operators"].items():
+    for op, phases in base.manifest.to_dict()["operators"].items():
         for phase, entry in phases.items():
             feats = _mid(entry) if "ranges" in entry else _mid(phases["fwd"])
             assert same.predict(op, phase, feats) == base.predict(op, phase, feats)
@@ -176,7 +176,7 @@ def test_a_faster_network_than_the_base_is_faster(tmp_path):
         assert fast.predict_collective(kind, 2e8, nodes, g).seconds < base.predict_collective(kind, 2e8, nodes, g).seconds
     # inside a node nothing changed
     assert fast.predict_collective("allreduce", 2e8, 1, 4) == base.predict_collective("allreduce", 2e8, 1, 4)
-    assert fast.manifest["transfer"]["collectives"]["efficiency_source"]["allreduce_inter"].startswith("reference")
+    assert fast.manifest.transfer["collectives"]["efficiency_source"]["allreduce_inter"].startswith("reference")
 
 
 def test_a_single_gpu_base_flags_intra_node_collectives(tmp_path):

@@ -22,11 +22,11 @@ def _topologies(p):
 
 def _sampled_min(p, kind, nodes, gpn):
     """The smallest sample of that kind and topology in the profile (a description's base)."""
-    base = getattr(p, "base", p)
+    base = p.base or p
     gpn = min(gpn, base.facts.gpus_per_node)
     if kind == "p2p":
         nodes, gpn = (2, 1) if nodes > 1 else (1, 2)
-    entry = base.manifest["collectives"][kind]
+    entry = base.manifest.to_dict()["collectives"][kind]
     for t in entry["topologies"].values():
         if (t["nodes"], t["gpus_per_node"]) == (nodes, gpn):
             return t["elements"][0]
@@ -38,7 +38,7 @@ def test_below_the_samples_time_grows_with_size_and_meets_the_samples(name):
     p = load_profile(name)
     for kind in p.collectives():
         for nodes, gpn in _topologies(p):
-            if gpn > 1 and kind != "p2p" and nodes == 1 and getattr(p, "base", p).facts.gpus_per_node == 1:
+            if gpn > 1 and kind != "p2p" and nodes == 1 and (p.base or p).facts.gpus_per_node == 1:
                 continue  # a one-GPU base has no intra-node samples to meet
             lo = _sampled_min(p, kind, nodes, gpn)
             e = np.geomspace(1.0, lo, 60)
@@ -73,23 +73,23 @@ def test_the_latency_agrees_with_the_one_fixed_cost_the_samples_do_identify():
     # Perlmutter's intra-node p2p samples start at 4 MB (~50 us on the wire), low enough to
     # pin the fixed cost; it was fitted without our latency model and lands near NCCL's.
     base = load_profile("perlmutter-a100-80gb")
-    coef = dict(zip(base.manifest["collectives"]["p2p"]["baseline"]["terms"],
-                    base.manifest["collectives"]["p2p"]["baseline"]["coef"]))
+    coef = dict(zip(base.manifest.to_dict()["collectives"]["p2p"]["baseline"]["terms"],
+                    base.manifest.to_dict()["collectives"]["p2p"]["baseline"]["coef"]))
     floor = baseline.collective_latency("p2p", 1, 2)
     assert 0.5 < coef["alpha_intra"] / floor < 2.0
 
 
 def test_small_all_reduces_no_longer_carry_the_unidentified_alpha():
     base = load_profile("perlmutter-a100-80gb")
-    alpha = dict(zip(base.manifest["collectives"]["allreduce"]["baseline"]["terms"],
-                     base.manifest["collectives"]["allreduce"]["baseline"]["coef"]))["alpha_intra"]
+    alpha = dict(zip(base.manifest.to_dict()["collectives"]["allreduce"]["baseline"]["terms"],
+                     base.manifest.to_dict()["collectives"]["allreduce"]["baseline"]["coef"]))["alpha_intra"]
     assert alpha > 50e-6  # what the fit on >= 42 MB samples made of it
     dgx = load_profile(str(DGX))
     for p in (base, dgx):
         for gpn in (2, 4):
             one_mb = p.predict_collective("allreduce", 2 ** 19, 1, gpn).seconds
             assert baseline.collective_latency("allreduce", 1, gpn) < one_mb < alpha, (p.name, gpn)
-    assert "tuning.cc" in dgx.manifest["transfer"]["collectives"]["latency"]
+    assert "tuning.cc" in dgx.manifest.transfer["collectives"]["latency"]
 
 
 def _lut(n):

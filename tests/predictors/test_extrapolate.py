@@ -70,7 +70,7 @@ def _with_curve(tmp_path, efficiency, marker=extrapolate.MARKER):
 @pytest.mark.skipif(not BUNDLED.is_dir(), reason="bundled profile absent")
 def test_bundled_profiles_and_in_range_queries_are_unchanged(tmp_path):
     bundled = load_profile(BUNDLED)
-    assert bundled.manifest.get("extrapolation") is None
+    assert bundled.manifest.extrapolation is None
     curve = {"intercept": 0.3, "terms": {"m": [0.5, 4096.0]}}
     gated, entry = _with_curve(tmp_path, curve)
     ungated, _ = _with_curve(tmp_path / "u", curve, marker=None)

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from neox_perf.predictors import export, fit
+from neox_perf.predictors.fitting import export, fit
 from neox_perf.predictors.forest import log_features, round_down_float32
 
 TOL = 1e-6
@@ -97,7 +97,7 @@ def test_a_zero_flag_among_the_tree_features_fits_and_predicts():
     """`calibrate --for` on a causal-attention config samples flash attention with causal 1
     beside the plan's causal 0: the flag varies, so it enters the trees, and its 0 must not
     become log(0) = -inf (which stopped the fit)."""
-    from neox_perf.predictors import fit
+    from neox_perf.predictors.fitting import fit
     from neox_perf.predictors.forest import FLAG_FLOOR, log_features
     rng = np.random.default_rng(0)
     n = 120

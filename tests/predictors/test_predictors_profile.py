@@ -55,7 +55,7 @@ def test_facts():
 
 
 def test_manifest_provenance_and_validation(profile):
-    m = profile.manifest
+    m = profile.manifest.to_dict()  # as manifest.json holds it
     assert m["schema_version"] == 1
     files = m["provenance"]["files"]
     assert all(len(f["sha256"]) == 64 for f in files)
@@ -73,7 +73,7 @@ def test_manifest_provenance_and_validation(profile):
 
 
 def test_vista_known_defects_are_recorded():
-    m = load_profile("vista-gh200").manifest
+    m = load_profile("vista-gh200").manifest.to_dict()
     assert m["operators"]["flash_attention"]["bwd"]["derived"]["scale"] == "flop_ratio"
     files = {f["file"]: f for f in m["provenance"]["files"]}
     for topo in ("4_1", "8_1"):
@@ -85,7 +85,7 @@ def test_vista_known_defects_are_recorded():
 
 
 def test_every_model_predicts_inside_its_range(profile):
-    for op, phases in profile.manifest["operators"].items():
+    for op, phases in profile.manifest.to_dict()["operators"].items():
         for phase, entry in phases.items():
             if "derived" in entry:
                 continue
@@ -97,7 +97,7 @@ def test_every_model_predicts_inside_its_range(profile):
 
 
 def test_extrapolation_is_flagged_with_a_reason(profile):
-    entry = profile.manifest["operators"]["linear1"]["fwd"]
+    entry = profile.manifest.to_dict()["operators"]["linear1"]["fwd"]
     kmax = entry["ranges"]["k"][1]
     pred = profile.predict("linear1", "fwd", {"m": 8192, "k": 2 * kmax, "n": 3 * 2 * kmax})
     assert pred.extrapolated and f"k={2 * kmax:g} above the sampled maximum" in pred.reason
@@ -125,7 +125,7 @@ def test_unsampled_topology_gets_a_flagged_physical_prediction(profile):
 
 
 def test_sampled_topology_in_range_is_not_flagged(profile):
-    topo = profile.manifest["collectives"]["allreduce"]["topologies"]
+    topo = profile.manifest.to_dict()["collectives"]["allreduce"]["topologies"]
     t = next(iter(topo.values()))
     pred = profile.predict_collective("allreduce", float(np.mean(t["elements"])), t["nodes"], t["gpus_per_node"])
     assert not pred.extrapolated and pred.seconds > 0
@@ -170,7 +170,7 @@ def test_vectorised_path_matches_scalar(profile):
 ])
 def test_bigger_work_is_not_much_faster(profile, op, grow, fixed):
     spec = opspec.op_spec(op)
-    lo, hi = profile.manifest["operators"][op][spec.phases[0]]["ranges"][grow]
+    lo, hi = profile.manifest.to_dict()["operators"][op][spec.phases[0]]["ranges"][grow]
     values = np.geomspace(lo, 2 * hi, 12)
     for phase in spec.phases:
         times = [profile.predict(op, phase, dict(fixed, **{grow: v})).seconds for v in values]
@@ -298,10 +298,13 @@ def test_unsampled_attention_dropout_stands_in_for_softmax_by_bytes(profile):
             assert profile.coverage("attn_dropout", phase, f) == profile.coverage("softmax", "fwd", f)
     # a profile that samples dropout itself predicts it with its own model (here: fillmask's
     # fitted model filed under attn_dropout; loaded profiles are cached, so a fresh one)
-    from neox_perf.predictors import profile as profile_module
-    manifest = json.loads(json.dumps(profile.manifest))
+    from neox_perf.predictors.artifacts import Arrays
+    from neox_perf.profile.directory import arrays_path
+    from neox_perf.profile.manifest import Manifest
+    manifest = profile.manifest.to_dict()
     manifest["operators"]["attn_dropout"] = {"fwd": manifest["operators"]["fillmask"]["fwd"]}
-    own = ClusterProfile(profile.path, manifest, profile_module._read_arrays(profile.path, manifest))
+    manifest = Manifest.parse(manifest)
+    own = ClusterProfile(profile.path, manifest, Arrays(arrays_path(profile.path, manifest), manifest.arrays.sha256))
     f = {"batch": 16, "l": 1024}
     assert own.predict("attn_dropout", "bwd", f).seconds == pytest.approx(
         profile.predict("attn_dropout", "bwd", f).seconds, rel=1e-12)

@@ -5,10 +5,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from neox_perf.predictors import cleaning, export, fit
-from neox_perf.predictors.facts import KNOWN_CLUSTERS
+from neox_perf.predictors.fitting import cleaning, export, fit
+from neox_perf.predictors.fitting.known_clusters import KNOWN_CLUSTERS
 from neox_perf.predictors.forest import log_features
-from neox_perf.predictors.samples import load_cluster
+from neox_perf.predictors.fitting.samples import load_cluster
 
 SAMPLES = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "paper-2509.22832-samples"
 

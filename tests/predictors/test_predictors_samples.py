@@ -2,10 +2,10 @@
 import numpy as np
 import pytest
 
-from neox_perf.predictors import cleaning
+from neox_perf.predictors.fitting import cleaning
 from neox_perf.predictors.errors import SampleFileError
-from neox_perf.predictors.facts import ClusterFacts, Link
-from neox_perf.predictors.samples import load_cluster, read_csv
+from neox_perf.profile.facts import ClusterFacts, Link
+from neox_perf.predictors.fitting.samples import load_cluster, read_csv
 
 import predictors_synthetic as syn
 

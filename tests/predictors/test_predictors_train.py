@@ -4,8 +4,9 @@ import json
 import numpy as np
 import pytest
 
-from neox_perf.predictors import fit, load_profile, train
-from neox_perf.predictors.facts import KnownCluster
+from neox_perf.predictors import load_profile
+from neox_perf.predictors.fitting import fit, train
+from neox_perf.predictors.fitting.known_clusters import KnownCluster
 
 import predictors_synthetic as syn
 from test_predictors_samples import FACTS
@@ -70,7 +71,8 @@ def test_every_file_has_provenance(trained):
 
 def test_table_prints(trained, capsys):
     _, _, table = trained
-    train.print_table("fake", table)
+    from neox_perf.render.fit_table import print_fit_table
+    print_fit_table("fake", table)
     out = capsys.readouterr().out
     assert "baseline+trees" in out and "linear1" in out
 

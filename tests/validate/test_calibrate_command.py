@@ -11,7 +11,8 @@ from neox_perf.calibration.plan import load_plan  # noqa: E402
 from neox_perf.calibration.store import SampleStore  # noqa: E402
 from neox_perf.commands.calibrate import run_calibrate  # noqa: E402
 from neox_perf.errors import UsageError  # noqa: E402
-from neox_perf.predictors import fit, load_profile  # noqa: E402
+from neox_perf.predictors import load_profile  # noqa: E402
+from neox_perf.predictors.fitting import fit  # noqa: E402
 
 from validate_helpers import FakeClock, calibrate_args  # noqa: E402
 
@@ -31,7 +32,7 @@ def test_tiny_plan_builds_a_loadable_profile_and_reports_progress(tmp_path, tiny
     assert facts.gpus_per_node == 1 and facts.gpu_name.endswith("(CPU)")
     assert facts.intra_node_link.name == "shared memory (gloo)" and facts.gpu_memory_bytes > 2**30
     for op, phase in profile.operators():
-        feats = {n: 64.0 for n in profile.manifest["operators"][op][phase]["features"]}
+        feats = {n: 64.0 for n in profile.manifest.to_dict()["operators"][op][phase]["features"]}
         assert math.isfinite(profile.predict(op, phase, feats).seconds)
     rows = {(r["op"], r["phase"]) for r in result.fit}
     assert ("linear1", "fwd") in rows and ("optimizer", "step") in rows

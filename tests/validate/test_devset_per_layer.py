@@ -13,7 +13,7 @@ def test_per_layer_cost_of_each_cell(tmp_path, capsys, benchmark_script):
                    + "8,4,2,1024,16,24,1024,8,1,1,408\n"     # 2 x 24: 8.5 ms
                    + "4,8,1,2048,16,24,1024,1,2,2,240\n")    # 4 micro-batches x 12 layers per stage
     script = benchmark_script("devset_per_layer")
-    from neox_perf.predictors import devset
+    from neox_perf.predictors.fitting import devset
     table = script.per_layer_ms(devset.load_vtrain(csv))
     assert table[((8, 1, 1), 1024)] == {1: pytest.approx(5.0), 2: pytest.approx(8.5)}
     assert table[((1, 2, 2), 2048)] == {1: pytest.approx(5.0)}

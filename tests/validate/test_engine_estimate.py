@@ -1,10 +1,12 @@
 """The estimate adds a profile's engine terms, and only where they were measured."""
 import copy
+from dataclasses import replace
 
 import pytest
 
 from neox_perf.config import WorldRequest, build, load_files
 from neox_perf.derive import derive
+from neox_perf.engine_terms import EngineSection
 from neox_perf.estimate import estimate
 from neox_perf.operators import StageShape, decompose
 from neox_perf.predictors import load_profile
@@ -26,7 +28,7 @@ class _WithEngine:
 
     def __init__(self, profile, engine):
         self._p = profile
-        self.manifest = {**profile.manifest, "engine": engine}
+        self.manifest = replace(profile.manifest, engine=EngineSection.parse(engine))
 
     def __getattr__(self, name):
         return getattr(self._p, name)

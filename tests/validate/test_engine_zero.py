@@ -7,7 +7,7 @@ from neox_perf.derive import derive
 from neox_perf.estimate import estimate
 from neox_perf.operators import MEMORY_OPT_ALLREDUCE_SIZE, StageShape, decompose
 from neox_perf.predictors import load_profile
-from neox_perf.predictors.local import _fit_zero
+from neox_perf.predictors.fitting.engine_fit import _fit_zero
 
 from test_engine_estimate import ENGINE, _WithEngine
 
@@ -111,7 +111,7 @@ def test_fit_zero_recovers_the_terms():
     assert [r.op for r in table] == ["engine zero_reduce", "engine zero_step", "engine dp_allreduce",
                                      "engine dp_allgather"]
     # one size measured twice keeps its fastest time, and a larger size is never faster
-    from neox_perf.predictors.local import _size_curve
+    from neox_perf.predictors.fitting.engine_fit import _size_curve
     assert _size_curve([(1e6, 0.3), (2e6, 0.1), (1.01e6, 0.2), (3e6, 0.5)]) == [
         [1e6, 0.2], [2e6, 0.2], [3e6, 0.5]]
     # one process: no data-parallel collectives to fit
@@ -149,7 +149,7 @@ def test_fit_zero_reports_how_far_the_median_collective_sits_above_the_fastest()
 def test_a_layer_residual_is_interpolated_only_where_that_predicts_left_out_shapes_better():
     import numpy as np
 
-    from neox_perf.predictors.local import _ratio_curve, _residual_fit
+    from neox_perf.predictors.fitting.engine_fit import _ratio_curve, _residual_fit
 
     def curve(x, m):
         return _ratio_curve(x, m, _residual_fit(x, m - x, m)[1])

@@ -9,8 +9,10 @@ pytest.importorskip("sklearn")
 
 from neox_perf import opspec  # noqa: E402
 from neox_perf.calibration.store import SampleStore  # noqa: E402
-from neox_perf.predictors import fit, load_profile  # noqa: E402
-from neox_perf.predictors.local import fit_engine, fit_store  # noqa: E402
+from neox_perf.predictors import load_profile  # noqa: E402
+from neox_perf.predictors.fitting import fit  # noqa: E402
+from neox_perf.predictors.fitting.calibrated import fit_store  # noqa: E402
+from neox_perf.predictors.fitting.engine_fit import fit_engine  # noqa: E402
 
 FINGERPRINT = {"kind": "cpu", "device_name": "Test CPU", "torch_threads": 1, "machine": "x86_64"}
 
@@ -48,7 +50,7 @@ def test_a_small_store_fits_a_loadable_profile(tmp_path):
     profile = load_profile(tmp_path / "p")
     assert profile.name == "synthetic" and profile.facts.gpus_per_node == 2
     assert profile.facts.gpu_name == "Test CPU (CPU)"
-    assert profile.manifest["calibration"]["dtype"] == "fp32"
+    assert profile.manifest.to_dict()["calibration"]["dtype"] == "fp32"
     f = {"m": 384.0, "k": 192.0, "n": 576.0}  # between the samples
     pred = profile.predict("linear1", "fwd", f).seconds
     assert math.isfinite(pred) and pred == pytest.approx(_roofline("linear1", "fwd", f), rel=0.15)
@@ -63,7 +65,7 @@ def test_a_small_store_fits_a_loadable_profile(tmp_path):
 def _engine_json(path, profile):
     """Engine measurements whose layers run 20% + 1 ms slower than the operators predict."""
     from neox_perf.calibration.engine import engine_keys, engine_label
-    from neox_perf.predictors.local import _engine_prediction
+    from neox_perf.predictors.fitting.engine_fit import _engine_prediction
     shapes = {}
     for i, (d, l) in enumerate([(64, 64), (128, 64), (128, 128), (256, 64)]):
         shape = (d, l, 1, "layernorm", "global", 256)

@@ -4,11 +4,11 @@ import shutil
 import pytest
 
 from neox_perf.predictors import ProfileError, list_profiles, load_profile
-from neox_perf.predictors.profile import _bundled_dir, user_profiles_dir
+from neox_perf.profile.directory import bundled_dir, user_profiles_dir
 
 
 def _copy_bundled(dest, name):
-    src = _bundled_dir() / "perlmutter-a100-80gb"
+    src = bundled_dir() / "perlmutter-a100-80gb"
     shutil.copytree(src, dest / name)
     return dest / name
 
@@ -25,12 +25,12 @@ def test_a_user_profile_loads_by_name_and_is_listed(home):
     assert profile.path == path.resolve()
     # the manifest still says perlmutter-a100-80gb, and a bundled name is never shadowed
     names = [p.path for p in list_profiles()]
-    assert path in names and (_bundled_dir() / "perlmutter-a100-80gb") in names
+    assert path in names and (bundled_dir() / "perlmutter-a100-80gb") in names
 
 
 def test_a_bundled_name_wins_over_a_user_copy(home):
     _copy_bundled(home / "profiles", "vista-gh200")
-    assert load_profile("vista-gh200").path == (_bundled_dir() / "vista-gh200").resolve()
+    assert load_profile("vista-gh200").path == (bundled_dir() / "vista-gh200").resolve()
     assert sum(p.name == "vista-gh200" for p in list_profiles()) == 1
 
 

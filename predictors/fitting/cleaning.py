@@ -31,9 +31,9 @@ from typing import Dict, List, Tuple
 import numpy as np
 
 from neox_perf import opspec
+from neox_perf.profile.facts import ClusterFacts
 
-from . import baseline
-from .facts import ClusterFacts
+from .. import baseline
 from .samples import COLLECTIVE_PHASE, FileRecord, TrainingSet
 
 # FLOP counts of matmuls are exact and tensor-core peak is not exceeded in practice.

@@ -1,6 +1,6 @@
 """Train the bundled cluster profiles from the published samples.
 
-    python -m neox_perf.predictors.train --samples DIR --out neox_perf/profiles
+    python -m neox_perf.predictors.fitting.train --samples DIR --out neox_perf/profiles
 
 DIR holds Perlmutter/ and Vista/ (default: ../shared/data/paper-2509.22832-samples next to
 the repository). For each cluster: read and clean the samples (cleaning.py), fit a baseline
@@ -10,8 +10,6 @@ and write <out>/<cluster>/manifest.json + arrays.npz. Prints the validation tabl
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import platform
 import sys
 import time
@@ -21,15 +19,19 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from neox_perf import opspec
+from neox_perf.profile import directory as profile_dir
+from neox_perf.profile.manifest import SCHEMA, SCHEMA_VERSION, Manifest
+from neox_perf.profile.sections import ArraysRef
 
-from . import baseline, cleaning, fit
-from .errors import SampleFileError
-from .facts import KNOWN_CLUSTERS, KnownCluster
-from .forest import Forest
-from .artifacts import ARRAY_KEYS, ARRAYS_FILE, MANIFEST_FILE, SCHEMA, SCHEMA_VERSION
-from .samples import COLLECTIVE_PHASE, load_cluster, sha256_of
+from .. import baseline
+from ..artifacts import ARRAY_KEYS
+from ..errors import SampleFileError
+from ..forest import Forest
+from . import cleaning, fit
+from .known_clusters import KNOWN_CLUSTERS, KnownCluster
+from .samples import COLLECTIVE_PHASE, load_cluster
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SAMPLES = REPO.parent / "shared" / "data" / "paper-2509.22832-samples"
 DEFAULT_OUT = REPO / "neox_perf" / "profiles"
 COLLECTIVE_FEATURES = ("elements", "nodes", "gpus_per_node")
@@ -141,22 +143,13 @@ def _link_notes(kind: str, base: dict, facts, topologies: dict) -> List[str]:
     return out
 
 
-def write_profile(out_dir: Path, manifest: dict, members: Dict[str, np.ndarray]) -> None:
-    """Arrays first, then the manifest, each written whole and renamed into place: a reader
-    never sees a half-written file, and a manifest never names arrays that are not there."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp_arrays = out_dir / (ARRAYS_FILE + ".tmp")
-    with open(tmp_arrays, "wb") as fh:
-        # stored, not deflated: `check` reads some thirty forests on every start, and inflating
-        # them cost it ~50 ms; the wheel deflates the file anyway
-        np.savez(fh, **members)
-    manifest["arrays"]["sha256"] = sha256_of(tmp_arrays)
-    tmp_manifest = out_dir / (MANIFEST_FILE + ".tmp")
-    with open(tmp_manifest, "w") as fh:
-        json.dump(manifest, fh, indent=1, allow_nan=False)
-        fh.write("\n")
-    os.replace(tmp_arrays, out_dir / ARRAYS_FILE)
-    os.replace(tmp_manifest, out_dir / MANIFEST_FILE)
+def write_profile(out_dir: Path, manifest: dict, members: Dict[str, np.ndarray]) -> Manifest:
+    """The manifest as the trainer built it, read back as the loader will read it, and its
+    trees, written as a new version of the profile at ``out_dir`` by the one writer
+    (neox_perf/profile/directory.py: swapped in whole). Returns the manifest as written."""
+    typed = Manifest.parse(manifest, f"{out_dir} (new manifest)")
+    with profile_dir.replacing(out_dir) as tmp:
+        return profile_dir.write(tmp, typed, arrays=members)
 
 
 def fit_set(key: str, op: str, phase: str, ts, facts, grid, pool: "_ArrayPool",
@@ -239,38 +232,17 @@ def train_cluster(samples_root: Path, known: KnownCluster, out_root: Path, grid=
                 f"efficiency assumed) and is flagged extrapolated"),
             "seconds": None,
         },
-        "arrays": {"file": ARRAYS_FILE, "sha256": None, "models": pool.models, "nodes": pool.nodes,
-                   "trees": pool.trees},
+        "arrays": ArraysRef(models=pool.models, nodes=pool.nodes, trees=pool.trees).to_dict(),
         "operators": operators,
         "collectives": collectives,
     }
     manifest["training"]["seconds"] = round(time.perf_counter() - started, 1)
-    write_profile(Path(out_root) / facts.name, manifest, pool.members)
-    return manifest, table
-
-
-def _pct(v) -> str:
-    return "-" if v is None or not np.isfinite(v) else f"{100 * v:.1f}"
-
-
-def print_table(name: str, table: List[tuple]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-    t = Table(title=f"{name}: validation MAPE % (80/20 split)")
-    for col in ("op", "phase", "rows", "baseline", "pure trees", "baseline+trees", "chosen", "model"):
-        t.add_column(col, justify="right" if col not in ("op", "phase", "model") else "left")
-    for op, phase, rows, result, derived in sorted(table, key=lambda r: (r[1] == COLLECTIVE_PHASE, r[0], r[1] != "fwd")):
-        if derived is not None:
-            t.add_row(op, phase, "-", "-", "-", "-", "-", f"{derived.source_phase} model ({derived.scale})")
-            continue
-        v = result.validation
-        t.add_row(op, phase, str(rows), _pct(v.get("baseline")), _pct(v.get("pure_trees")),
-                  _pct(v.get("baseline_plus_trees")), _pct(v.get("chosen")), result.chosen)
-    Console(width=140).print(t)
+    written = write_profile(Path(out_root) / facts.name, manifest, pool.members)
+    return written.to_dict(), table  # as written to manifest.json
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m neox_perf.predictors.train", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m neox_perf.predictors.fitting.train", description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=Path, default=DEFAULT_SAMPLES,
                         help="folder with Perlmutter/ and Vista/ sample folders")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="profiles folder to write into")
@@ -281,6 +253,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not args.samples.is_dir():
         print(f"train: samples folder {args.samples} not found (fix: pass --samples DIR)", file=sys.stderr)
         return 2
+    from neox_perf.render.fit_table import print_fit_table  # the maintainer's table: rich
     grid = fit.QUICK_GRID if args.quick else None
     for name in args.cluster or sorted(KNOWN_CLUSTERS):
         started = time.perf_counter()
@@ -289,7 +262,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         except SampleFileError as exc:
             print(f"train: {exc}", file=sys.stderr)
             return 1
-        print_table(name, table)
+        print_fit_table(name, sorted(table, key=lambda r: (r[1] == COLLECTIVE_PHASE, r[0], r[1] != "fwd")))
         size = sum(p.stat().st_size for p in (args.out / name).iterdir())
         print(f"{name}: {manifest['arrays']['trees']} trees, {manifest['arrays']['nodes']} nodes, "
               f"{size / 1e6:.2f} MB, trained in {time.perf_counter() - started:.0f} s")

@@ -16,9 +16,9 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from . import baseline
+from .. import baseline
+from ..forest import Forest, log_features
 from .export import check_export, export
-from .forest import Forest, log_features
 
 # Small grids: the whole training of both clusters must stay at a few minutes on 2 cores,
 # and each exported ensemble small (depth and tree count bound the profile size).

@@ -11,7 +11,6 @@ per-rank shapes of neox_perf.opspec, so the regressors never see a paper-specifi
 from __future__ import annotations
 
 import csv
-import hashlib
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -21,8 +20,9 @@ from typing import Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from neox_perf import opspec
+from neox_perf.profile.directory import sha256_of
 
-from .errors import SampleFileError
+from ..errors import SampleFileError
 
 US = 1e-6  # sample durations are microseconds; everything downstream is seconds
 COLLECTIVE_PHASE = "comm"  # collectives have no fwd/bwd; one phase name keeps tables uniform
@@ -104,14 +104,6 @@ KNOWN_UNUSED = {
                  "by the data README and its per-parameter cost disagrees with the stage "
                  "optimizer files; the stage files are used instead",
 }
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def read_csv(path: Path, expected: Tuple[str, ...]) -> Tuple[Dict[str, np.ndarray], np.ndarray]:

@@ -11,7 +11,7 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
-from .forest import Forest, round_down_float32
+from ..forest import Forest, round_down_float32
 
 _Tree = Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # left, right, feat, thr32, value
 

@@ -9,47 +9,12 @@ fp16 tensor-core rates from the vendors' data sheets.
 """
 from __future__ import annotations
 
-from dataclasses import MISSING, asdict, dataclass, fields
-from typing import Any, Dict, Tuple
+from dataclasses import dataclass
+from typing import Dict, Tuple
+
+from neox_perf.profile.facts import ClusterFacts, Link
 
 GiB = 1 << 30
-
-
-@dataclass(frozen=True)
-class Link:
-    name: str
-    bandwidth_gbps: float  # GB/s one direction: per GPU inside a node, per node between nodes
-    lanes: int  # parallel links / NICs that carry that bandwidth together
-
-
-@dataclass(frozen=True)
-class ClusterFacts:
-    name: str
-    gpu_name: str
-    gpu_memory_bytes: int
-    gpus_per_node: int
-    intra_node_link: Link
-    inter_node_link: Link
-    peak_fp16_tflops: float
-    hbm_bandwidth_gbps: float
-    # Where the operator samples behind the predictions were measured, when not on this GPU
-    # (a cluster description transferred from a sampled profile); "" for a sampled profile.
-    samples_from: str = ""
-
-    def to_dict(self) -> Dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Dict[str, Any]) -> "ClusterFacts":
-        names = {f.name for f in fields(cls)}
-        optional = {f.name for f in fields(cls) if f.default is not MISSING}
-        missing = names - optional - set(data)
-        if missing:
-            raise KeyError(f"cluster facts lack {', '.join(sorted(missing))}")
-        values = {k: data[k] for k in names if k in data}
-        values["intra_node_link"] = Link(**data["intra_node_link"])
-        values["inter_node_link"] = Link(**data["inter_node_link"])
-        return cls(**values)
 
 
 @dataclass(frozen=True)

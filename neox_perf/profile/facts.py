@@ -1,0 +1,47 @@
+"""The hardware a cluster profile describes: its GPU, how many per node, and its links.
+
+Bandwidths are GB/s (10^9 bytes per second), one direction. Peak FLOP rates are dense
+fp16 tensor-core rates from the vendors' data sheets (or, for a profile of this machine, the
+fastest rate its samples reached: predictors/fitting/store_samples.measured_facts).
+"""
+from __future__ import annotations
+
+from dataclasses import MISSING, asdict, dataclass, fields
+from typing import Any, Dict
+
+
+@dataclass(frozen=True)
+class Link:
+    name: str
+    bandwidth_gbps: float  # GB/s one direction: per GPU inside a node, per node between nodes
+    lanes: int  # parallel links / NICs that carry that bandwidth together
+
+
+@dataclass(frozen=True)
+class ClusterFacts:
+    name: str
+    gpu_name: str
+    gpu_memory_bytes: int
+    gpus_per_node: int
+    intra_node_link: Link
+    inter_node_link: Link
+    peak_fp16_tflops: float
+    hbm_bandwidth_gbps: float
+    # Where the operator samples behind the predictions were measured, when not on this GPU
+    # (a cluster description transferred from a sampled profile); "" for a sampled profile.
+    samples_from: str = ""
+
+    def to_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> "ClusterFacts":
+        names = {f.name for f in fields(cls)}
+        optional = {f.name for f in fields(cls) if f.default is not MISSING}
+        missing = names - optional - set(data)
+        if missing:
+            raise KeyError(f"cluster facts lack {', '.join(sorted(missing))}")
+        values = {k: data[k] for k in names if k in data}
+        values["intra_node_link"] = Link(**data["intra_node_link"])
+        values["inter_node_link"] = Link(**data["inter_node_link"])
+        return cls(**values)

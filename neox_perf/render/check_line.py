@@ -1,0 +1,39 @@
+"""`check --format line`: the verdict and its figures in one plain line, for a job script or a log.
+
+    64 GPUs (16 nodes x 4) pp1 mp8 dp8 | 297 s/it (80%: 241-360) | run 992 h, 63,466 GPU-h |
+    26.4/40 GiB per GPU | WARNING: ... | sbatch --time=49-23:55:00
+
+Fields are separated by " | "; one that does not apply (no cluster, no train_iters, a config
+NeoX refuses) is left out. The Slurm time is the run at the interval's high end.
+"""
+from __future__ import annotations
+
+GIB = 2 ** 30
+
+
+def _s(x: float) -> str:
+    return f"{x:.3g}"
+
+
+def line(result) -> str:
+    cfg, d, est = result.config, result.derived, result.estimate
+    p = cfg.parallel
+    nodes = -(-p.world_size // p.gpus_per_node) if p.gpus_per_node else None
+    where = f"{p.world_size} GPUs" + (f" ({nodes} nodes x {p.gpus_per_node})" if result.facts else "")
+    fields = [f"{where} pp{p.pipe_parallel_size} mp{p.model_parallel_size} dp{p.data_parallel_size}"]
+    pred = result.to_dict()["prediction"] if est is not None else None
+    if pred is not None:
+        iv = pred.get("interval_seconds")
+        fields.append(f"{_s(est.iteration_seconds)} s/it" + (f" (80%: {_s(iv[0])}-{_s(iv[1])})" if iv else ""))
+        if pred.get("run_seconds"):
+            fields.append(f"run {pred['run_seconds'] / 3600:,.0f} h, {pred['run_gpu_hours']:,.0f} GPU-h")
+    if d is not None and result.facts is not None:
+        worst = max(s.memory.total for s in d.stages)
+        fields.append(f"{worst / GIB:.1f}/{result.facts.gpu_memory_bytes / GIB:.0f} GiB per GPU")
+    summary = result.summary()
+    fields.append(f"{summary['level'].upper()}: {summary['text']}")
+    if result.suggestion is not None:
+        fields.append(result.suggestion.set_flags())
+    if pred is not None and pred.get("slurm_time"):
+        fields.append(f"sbatch --time={pred['slurm_time']}")
+    return "neox-perf check: " + " | ".join(fields)
