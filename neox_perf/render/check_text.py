@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..config.verdicts import LEVELS
+from ..network import DESCRIBE_YOUR_NODES
 from .op_names import PHASES, neox_name, split
 
 GIB = 2 ** 30
@@ -100,6 +101,11 @@ def render(result, console) -> None:
                                 f"{f.gpus_per_node} GPUs/node")
         if f.samples_from:
             head.add_row("samples", f.samples_from)
+        if result.network is not None:
+            net = result.network.line()
+            if result.network.how == "sampled":  # the nodes the samples ran on, not yours
+                net += f"; for other nodes, describe them (see {DESCRIBE_YOUR_NODES})"
+            head.add_row("network", net)
     if d is not None:
         head.add_row("parameters", f"{d.params.unique:,} total ({_n(d.params.unique)}); "
                                    f"NeoX logs {d.params.neox_logged:,}")
