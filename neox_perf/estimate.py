@@ -26,6 +26,9 @@ from .timeline import StageCost, Timeline, simulate_1f1b
 class Flag:
     what: str  # operator/collective and phase, e.g. "linear3 bwd" or "allreduce 16x4"
     reason: str
+    # extrapolated: outside the samples (the reason says how far; a cap may follow it);
+    # capped: raised to the GPU's achievable rate (predictors/achievable.py)
+    kind: str = "extrapolated"
 
 
 @dataclass(frozen=True)
@@ -82,12 +85,14 @@ def _worse(a, b) -> bool:
 
 class _Cache:
     def __init__(self, profile: Profile, engine: Optional["EngineTerms"] = None,
-                 terms: StepTerms = StepTerms()):
+                 terms: StepTerms = StepTerms(), limits=None):
         self.profile = profile
         self.engine = engine
         self.terms = terms
+        self.limits = limits  # predictors.achievable.OperatorLimits, or None (no GPU row)
         self.memo: Dict[tuple, float] = {}
         self.flags: Dict[str, str] = {}
+        self.capped_only: set = set()  # flags whose call was capped, not extrapolated
         self.extrapolated: set = set()  # memo keys whose prediction left the sampled range
         self.coverage: Dict[str, Any] = {}  # "op phase" -> its least-covered shape
 
@@ -100,7 +105,7 @@ class _Cache:
                 self._cover(call)
                 if pred.extrapolated:
                     self.extrapolated.add(key)
-                self.memo[key] = self.terms.operator(call.op, float(pred.seconds))
+                self.memo[key] = self._operator_seconds(call, float(pred.seconds))
             return self.memo[key]
         if self.engine is not None and call.purpose in ("mp_allreduce", "dp_allreduce", "dp_allgather"):
             measured = (self.engine.tp_allreduce(call) if call.purpose == "mp_allreduce"
@@ -116,6 +121,24 @@ class _Cache:
             self.memo[key] = self.terms.collective(call.purpose, call.nodes * call.gpus_per_node,
                                                    float(pred.seconds), call.nodes)
         return self.memo[key]
+
+    def _operator_seconds(self, call: OpCall, seconds: float) -> float:
+        """In-situ seconds of one call the profile predicts at `seconds`: priced in the run's
+        precision, scaled by the step terms, and never faster than the GPU's achievable rate
+        (predictors/achievable.py); a capped call is flagged like an extrapolated one."""
+        if self.limits is None:
+            return self.terms.operator(call.op, seconds)
+        seconds = self.terms.operator(call.op, self.limits.rescaled(call, seconds))
+        seconds, why = self.limits.capped(call, seconds)
+        if why:
+            what = f"{call.op} {call.phase}"
+            have = self.flags.get(what)
+            if have is None:
+                self.capped_only.add(what)
+            elif why not in have:
+                why = f"{have}; {why}"
+            self.flags[what] = why
+        return seconds
 
     def key(self, call) -> tuple:
         if isinstance(call, OpCall):
@@ -135,6 +158,10 @@ class _Cache:
     def _note(self, what: str, pred) -> None:
         if pred.extrapolated and what not in self.flags:
             self.flags[what] = pred.reason or "outside the sampled range"
+        elif pred.extrapolated and what in self.capped_only:
+            reason = pred.reason or "outside the sampled range"
+            self.flags[what] = f"{reason}; {self.flags[what]}"
+            self.capped_only.discard(what)
 
     def total(self, calls) -> float:
         """Seconds of one run of calls (a layer phase, the head, the loss): its operators queue
@@ -258,12 +285,16 @@ def _inter_node_seconds(work: StageWork, cache: _Cache, micro_batches: int) -> O
     return seconds if crosses else None
 
 
-def estimate(decomp: Decomposition, profile: Profile, terms: Optional[StepTerms] = None) -> IterationEstimate:
-    """terms: the step terms to apply (default: the profile's own; fitting passes its trials)."""
+def estimate(decomp: Decomposition, profile: Profile, terms: Optional[StepTerms] = None,
+             limits=None) -> IterationEstimate:
+    """terms: the step terms to apply (default: the profile's own; fitting passes its trials).
+    limits: the run's precision rescale and achievable-rate cap on the profile's GPU
+    (predictors.achievable.limits, which predict.predict and the step-term fit pass); None
+    prices operators as the profile predicts them."""
     from .timeline import eq7_seconds
     engine = EngineTerms.of(profile, decomp)
     own_terms, intervals = of_profile(profile)
-    cache = _Cache(profile, engine, own_terms if terms is None else terms)
+    cache = _Cache(profile, engine, own_terms if terms is None else terms, limits)
     times = [_stage_times(w, cache, engine, decomp.pipeline_engine) for w in decomp.stages]
     costs = [StageCost(forward=t.forward, backward=t.backward, send_activation=t.send_activation,
                        send_gradient=t.send_gradient, grad_allreduce=t.grad_allreduce,
@@ -301,7 +332,8 @@ def estimate(decomp: Decomposition, profile: Profile, terms: Optional[StepTerms]
     return IterationEstimate(
         iteration_seconds=seconds, timeline=tl, stages=tuple(times),
         breakdown=breakdown, operators=operators,
-        flags=tuple(Flag(k, v) for k, v in sorted(cache.flags.items())),
+        flags=tuple(Flag(k, v, "capped" if k in cache.capped_only else "extrapolated")
+                    for k, v in sorted(cache.flags.items())),
         eq7_seconds=eq7_seconds(costs, m),
         interval_seconds=interval.around(seconds, extrapolated / seconds, inter_share)
         if interval and seconds > 0 else None,

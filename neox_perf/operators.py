@@ -35,7 +35,8 @@ from .opspec import FP16_BYTES, op_bytes, op_flops
 
 Features = Tuple[Tuple[str, float], ...]
 
-# the bundled GPU samples are fp16; a profile calibrated in fp32 drops this (predict.predict)
+# an fp32 run: predict.predict replaces this with how the profile's GPU prices it from its
+# samples' precision (predictors/achievable.py), or drops it where the samples are fp32
 FP32_FROM_FP16 = "fp32 training is predicted from fp16 operator samples"
 
 

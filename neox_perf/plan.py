@@ -475,6 +475,7 @@ class Planner:
 
     def _evaluate(self, cfg, derived, batch: int):
         from .predict import predict
+        from .result import mfu_peak
         pred = predict(cfg, derived, self.profile)
         est = pred.estimate
         self._tails[_tail_key(cfg)] = tuple(t.grad_allreduce + t.optimizer + t.param_allgather
@@ -484,7 +485,7 @@ class Planner:
         per_batch = it * batch / t.train_batch_size
         iters = t.train_iters
         run = per_batch * iters if iters else None
-        peak = self.facts.peak_fp16_tflops
+        peak = mfu_peak(self.profile, self.facts, pred.decomposition)
         flops = derived.flops.model_per_iteration
         mfu = flops / it / p.world_size / 1e12 / peak if peak and flops else None
         worst = max(s.memory.total for s in derived.stages)

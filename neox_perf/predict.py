@@ -36,11 +36,17 @@ def predict(cfg, derived, profile: Profile, *, precision: Optional[str] = None,
     precision: what the run really computes in when that differs from the config (the
     reference workload runs fp32 on a CPU); default the config's.
     """
+    from .predictors import achievable
     decomp = decompose(cfg, derived.padded_vocab, stage_shapes(derived, transformer_layers),
                        precision=precision)
-    if calibration(profile).dtype == "fp32" and FP32_FROM_FP16 in decomp.notes:
-        decomp = replace(decomp, notes=tuple(n for n in decomp.notes if n != FP32_FROM_FP16))
-    return Prediction(decomp, estimate(decomp, profile))
+    # one rule for every command: the run's precision priced on the profile's GPU, no call
+    # faster than its achievable rate (refused in one line where that cannot be done honestly)
+    limits = achievable.limits(profile, decomp.precision)
+    if FP32_FROM_FP16 in decomp.notes:  # the samples were 16-bit only where limits rescaled them
+        note = limits.note() if limits is not None else None
+        decomp = replace(decomp, notes=tuple(note if n == FP32_FROM_FP16 else n
+                                             for n in decomp.notes if n != FP32_FROM_FP16 or note))
+    return Prediction(decomp, estimate(decomp, profile, limits=limits))
 
 
 def calibration(profile: Profile) -> Calibration:

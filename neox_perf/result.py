@@ -174,7 +174,7 @@ def _prediction(result: CheckResult) -> Optional[dict]:
         "inter_node_share": est.inter_node_share,
         "extrapolated_share": est.extrapolated_share,
         "step_terms": _step_terms(result.profile),
-        "extrapolated": [{"what": f.what, "reason": f.reason} for f in est.flags],
+        "extrapolated": [{"what": f.what, "reason": f.reason, "kind": f.kind} for f in est.flags],
         "coverage": coverage_rows(est),
         "notes": list(result.decomposition.notes) if result.decomposition else [],
     }
@@ -187,7 +187,7 @@ def _prediction(result: CheckResult) -> Optional[dict]:
     flops = d.flops.model_per_iteration if d else None
     if flops:
         out["tflops_per_gpu"] = flops / est.iteration_seconds / world / 1e12
-        peak = result.facts.peak_fp16_tflops if result.facts is not None else None
+        peak = mfu_peak(result.profile, result.facts, result.decomposition)
         out["mfu"] = out["tflops_per_gpu"] / peak if peak else None
     iters = cfg.training.train_iters
     if iters:
@@ -209,6 +209,16 @@ def slurm_time(seconds: float) -> str:
     days, minutes = divmod(minutes, 24 * 60)
     hours, minutes = divmod(minutes, 60)
     return f"{days}-{hours:02d}:{minutes:02d}:00"
+
+
+def mfu_peak(profile, facts, decomposition) -> Optional[float]:
+    """The data-sheet TFLOP/s MFU is quoted against: the run's precision on the profile's GPU
+    (an fp32 run against the fp32 rate, not the fp16 tensor-core one), else the facts' fp16."""
+    precision = decomposition.precision if decomposition is not None else ""
+    if profile is not None:
+        from .predictors.achievable import mfu_peak_tflops
+        return mfu_peak_tflops(profile, precision)
+    return facts.peak_fp16_tflops if facts is not None else None
 
 
 def coverage_rows(est) -> List[dict]:

@@ -7,6 +7,14 @@ two; `nvidia-smi` shows 40960 MiB for a "40 GB" A100); bandwidths are GB/s (10^9
 FLOP rates are dense (no 2:4 sparsity), fp16/bf16 on the tensor cores (AMD: matrix cores),
 fp32 on the vector units. `sms` counts streaming multiprocessors (NVIDIA) or compute units
 (AMD); `boost_mhz` is the peak clock. None where the data sheet does not state a figure.
+
+Beside each data-sheet peak, the ACHIEVABLE dense rate per precision (`achievable()`): the
+largest GEMM rate a vendor library (cuBLAS, hipBLASLt) was measured to sustain on that GPU, from
+public measurements named in every figure. A data-sheet peak is not achievable: it assumes every
+tensor core busy at the boost clock, while a long GEMM runs below it (power, clocks, tiling).
+Where no measurement of a GPU exists, a figure is derived from a measured sibling and says so
+(`Rate.measured` False, the source names the sibling); where none is close enough, there is no
+figure and callers must say so (predictors/achievable.py). docs/achievable-rates.md has the table.
 """
 from __future__ import annotations
 
@@ -15,6 +23,33 @@ from dataclasses import asdict, dataclass
 from typing import Dict, List, Optional, Tuple
 
 GiB = 1 << 30
+
+# The precisions a rate is given for: fp16 / bf16 on the tensor (matrix) cores, TF32 (fp32
+# inputs rounded to 10 mantissa bits on the tensor cores, NVIDIA Ampere and later), and plain
+# fp32 (IEEE single precision: SGEMM on the vector units).
+PRECISIONS = ("fp16", "bf16", "tf32", "fp32")
+_ALIASES_PRECISION = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32",
+                      "float": "fp32", "fp32": "fp32", "fp16": "fp16", "bf16": "bf16", "tf32": "tf32"}
+
+
+def precision_key(precision: str) -> str:
+    """fp16 | bf16 | tf32 | fp32 for the names configs and calibrations use (bfloat16, float32...)."""
+    key = _ALIASES_PRECISION.get(str(precision).lower())
+    if key is None:
+        raise ValueError(f"unknown precision {precision!r}; known: {', '.join(PRECISIONS)}")
+    return key
+
+
+@dataclass(frozen=True)
+class Rate:
+    """An achievable dense rate: TFLOP/s, where it was measured (or how it was derived)."""
+
+    tflops: float
+    source: str
+    measured: bool = True  # False: derived from a measured sibling, which `source` names
+
+    def to_dict(self) -> dict:
+        return {"tflops": self.tflops, "source": self.source, "measured": self.measured}
 
 
 @dataclass(frozen=True)
@@ -40,10 +75,21 @@ class GPU:
         """Arithmetic intensity above which a kernel at peak is compute-bound."""
         return self.fp16_tflops * 1e12 / (self.hbm_gbps * 1e9)
 
+    def peak_tflops(self, precision: str) -> Optional[float]:
+        """The data sheet's dense rate for a precision (None for TF32: not in this table)."""
+        key = precision_key(precision)
+        return {"fp16": self.fp16_tflops, "bf16": self.fp16_tflops, "fp32": self.fp32_tflops}.get(key)
+
+    def achievable(self, precision: str) -> Optional[Rate]:
+        """The measured (or visibly derived) dense GEMM rate for a precision; None where no
+        public measurement of this GPU or a close sibling exists."""
+        return ACHIEVABLE.get(self.name, {}).get(precision_key(precision))
+
     def to_dict(self) -> dict:
         out = asdict(self)
         out["memory_bytes"] = self.memory_bytes
         out["ridge_flops_per_byte"] = round(self.ridge_flops_per_byte, 1)
+        out["achievable_tflops"] = {k: r.to_dict() for k, r in ACHIEVABLE.get(self.name, {}).items()}
         return out
 
 
@@ -76,6 +122,93 @@ GPUS: Tuple[GPU, ...] = (
     GPU("MI300X", "AMD", 192, "HBM3", 5300, 1307, 163.4, 304, 2100,
         "AMD Instinct MI300X Accelerator Datasheet (2023)"),
 )
+
+# ---- achievable dense rates (TFLOP/s), each with where it was measured -----------------------
+_MAMF = ("S. Bekman, Machine Learning Engineering, 'Maximum Achievable Matmul FLOPS comparison "
+         "table' (github.com/stas00/ml-engineering, compute/accelerator/README.md): torch.matmul, "
+         "the best shape of a search, mean of 100 runs after 50 warm-up")
+_AMD_MAF = ("AMD ROCm blog 'Measuring Max-Achievable FLOPs - Part 2' (Sander et al., Feb 2025), "
+            "Table 1: hipBLASLt-bench at the median clock, cold caches, normal-distributed data")
+_TORCH_DB = "zzc0721/torch-performance-test-data (GitHub), torch.matmul of square matrices 1024-10240, best size"
+_SAME_RATE = ("the bf16 figure: the tensor (matrix) cores run fp16 and bf16 at one rate on this chip "
+              "(data sheet), and no fp16 shape search is published")
+
+
+def _derived(sibling: str, why: str) -> Dict[str, Rate]:
+    """Every rate of a measured sibling, marked derived and saying why it carries over."""
+    return {k: Rate(r.tflops, f"derived from {sibling} ({why}): {r.source}", False)
+            for k, r in ACHIEVABLE[sibling].items()}
+
+
+ACHIEVABLE: Dict[str, Dict[str, Rate]] = {}
+ACHIEVABLE["A100-SXM4-80GB"] = {
+    "bf16": Rate(271.2, f"{_MAMF}; v2 table, NVIDIA A100 SXM, torch 2.6.0+cu126"),
+    "fp16": Rate(271.2, _SAME_RATE, False),
+    "tf32": Rate(134.2, "PyTorch docs, CUDA semantics, 'TensorFloat-32 (TF32) on Ampere (and later) "
+                        "devices': a 10240x10240 fp32 matmul takes 0.016 s on GA100 with TF32 "
+                        "(0.11 s without)"),
+    "fp32": Rate(19.18, f"{_TORCH_DB}, database.md row 'NVIDIA A100 SXM4 80GB' (PyTorch 2.8.0, CUDA 12.8)"),
+}
+ACHIEVABLE["A100-SXM4-40GB"] = _derived("A100-SXM4-80GB", "the same GA100 SXM4 part at the same "
+                                        "clocks and 400 W; only the memory differs")
+ACHIEVABLE["A100-PCIe-80GB"] = {
+    "bf16": Rate(252.9, f"{_MAMF}; v2 table, NVIDIA A100 PCIe, torch 2.5.1+cu124"),
+    "fp16": Rate(252.9, _SAME_RATE, False),
+    "fp32": Rate(18.88, "Yinghan-Li/YHs_Sample issue #4 (GitHub): cuBLAS SGEMM on an A100 80GB "
+                        "PCIe, 5120x4096x4096"),
+}
+ACHIEVABLE["H100-SXM5-80GB"] = {
+    "bf16": Rate(794.5, f"{_MAMF}; v2 table, NVIDIA H100 SXM, torch 2.7.0+cu126"),
+    "fp16": Rate(794.5, _SAME_RATE + " (a square-only fp16 run reached 760.0: issue #79 of "
+                        "zzc0721/torch-performance-test-data)", False),
+    "tf32": Rate(402.15, f"{_TORCH_DB}, issue #79 'NVIDIA H100 80GB HBM3' (PyTorch 2.7.0, CUDA 12.8)"),
+    "fp32": Rate(51.88, f"{_TORCH_DB}, issue #79 'NVIDIA H100 80GB HBM3' (PyTorch 2.7.0, CUDA 12.8)"),
+}
+ACHIEVABLE["H100-PCIe-80GB"] = {
+    "bf16": Rate(499.5, "mag-/gpu_benchmark README (GitHub): mamf-finder.py with an Optuna shape "
+                        "search, NVIDIA H100 PCIe"),
+    "fp16": Rate(499.5, _SAME_RATE, False),
+    "fp32": Rate(round(51.88 * 51 / 67, 2), "derived from H100-SXM5-80GB's measured 51.88 x the data "
+                 "sheets' fp32 ratio 51/67 (same GH100 die, fewer SMs and a lower clock)", False),
+}
+ACHIEVABLE["H200-SXM-141GB"] = _derived("H100-SXM5-80GB", "the same GH100 die at the same 700 W; "
+                                        "only the HBM3e memory differs")
+ACHIEVABLE["GH200-96GB"] = {
+    "bf16": Rate(828.6, f"{_MAMF}; v2 table, NVIDIA GH200 SXM, torch 2.6.0+cu126, measured on the "
+                        "900 W 144 GB HBM3e module (the GPU of this 96 GB HBM3 part)"),
+    "fp16": Rate(828.6, _SAME_RATE, False),
+    **{k: r for k, r in _derived("H100-SXM5-80GB", "the same GH100 GPU; no GH200 measurement").items()
+       if k in ("tf32", "fp32")},
+}
+ACHIEVABLE["B200"] = {
+    "fp16": Rate(1627.64, f"{_TORCH_DB}, database.md row 'NVIDIA B200 180GB' (GCP a4-highgpu-8g, "
+                          "PyTorch 2.8.0); square matrices only, no shape search"),
+    "bf16": Rate(1696.03, f"{_TORCH_DB}, database.md row 'NVIDIA B200 180GB' (GCP a4-highgpu-8g, "
+                          "PyTorch 2.8.0); square matrices only, no shape search"),
+    "fp32": Rate(66.24, f"{_TORCH_DB}, database.md row 'NVIDIA B200 180GB' (GCP a4-highgpu-8g, PyTorch 2.8.0)"),
+}
+ACHIEVABLE["MI250X-GCD"] = {
+    "bf16": Rate(147.0, f"{_MAMF}; older v1 table (no cache reset), AMD MI250X, ROCm 6.2, one GCD"),
+    "fp16": Rate(147.0, _SAME_RATE, False),
+}
+ACHIEVABLE["MI250X"] = {k: Rate(2 * r.tflops, f"derived: two GCDs, each {r.tflops:g} ({r.source})", False)
+                        for k, r in ACHIEVABLE["MI250X-GCD"].items()}
+ACHIEVABLE["MI300X"] = {
+    "fp16": Rate(654.0, f"{_AMD_MAF} (1115 MHz)"),
+    "bf16": Rate(708.0, f"{_AMD_MAF} (1207 MHz)"),
+}
+# L40S: no public GEMM measurement of it or of a sibling at its power and clocks was found
+# (the RTX 4090 shares the die but not the fp32-accumulate tensor rate): no figure.
+
+def transfer_rates(base: GPU, target: GPU, precision: str = "fp16") -> Tuple[float, float, str]:
+    """(base, target) TFLOP/s a compute-bound kernel's time moves by between two GPUs: their
+    achievable rates where both have one (an H100's GEMM is 794.5/271.2 times an A100's, not
+    989/312), else both data-sheet peaks; and which of the two it is."""
+    a, b = base.achievable(precision), target.achievable(precision)
+    if a is not None and b is not None:
+        return a.tflops, b.tflops, "achievable"
+    return base.peak_tflops(precision), target.peak_tflops(precision), "data-sheet peak"
+
 
 _BY_KEY: Dict[str, GPU] = {}
 

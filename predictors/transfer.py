@@ -164,10 +164,13 @@ def target_links(desc: ClusterDescription, base, ref: Links) -> Tuple[Links, Dic
 
 
 def operator_ratio(method: str, flops, nbytes, base_gpu: gpus.GPU, target: gpus.GPU):
-    """Target/base time of the roofline part for FLOPs and bytes (arrays broadcast)."""
+    """Target/base time of the roofline part for FLOPs and bytes (arrays broadcast). P is the
+    achievable fp16 rate (the samples' precision) of both GPUs where the table has both
+    (gpus.transfer_rates), else both data-sheet peaks."""
     f = np.asarray(flops, dtype=float)
     b = np.asarray(nbytes, dtype=float)
-    pb, pt = base_gpu.fp16_tflops * 1e12, target.fp16_tflops * 1e12
+    pb, pt, _ = gpus.transfer_rates(base_gpu, target)
+    pb, pt = pb * 1e12, pt * 1e12
     wb, wt = base_gpu.hbm_gbps * 1e9, target.hbm_gbps * 1e9
     if method == "roofline":
         return np.maximum(f / pt, b / wt) / np.maximum(f / pb, b / wb)
@@ -216,20 +219,21 @@ class TransferredProfile:
     def _samples_line(self) -> str:
         if self.same_gpu:
             return f"{self.base_gpu.name} samples of {self.base.name}, links from the description"
-        cr = self.base_gpu.fp16_tflops / self.gpu.fp16_tflops
+        pb, pt, _ = gpus.transfer_rates(self.base_gpu, self.gpu)
+        cr = pb / pt
         br = self.base_gpu.hbm_gbps / self.gpu.hbm_gbps
         return (f"{self.base_gpu.name} samples of {self.base.name} transferred to {self.gpu.name}: "
                 f"compute-bound time x{cr:.2f}, bandwidth-bound x{br:.2f}")
 
     def _transfer_section(self, link_sources: Dict[str, str]) -> dict:
         b, t = self.base_gpu, self.gpu
+        pb, pt, rates = gpus.transfer_rates(b, t)
         summary = [f"operator and NCCL samples measured on {b.name} ({self.base.name}); "
                    f"memory judged against the {t.name}'s {t.memory_gib:g} GiB"]
         if not self.same_gpu:
             summary.append(
                 f"operators transferred {b.name} -> {t.name} by arithmetic intensity: compute-bound "
-                f"time x{b.fp16_tflops / t.fp16_tflops:.3g} ({b.fp16_tflops:g} -> {t.fp16_tflops:g} "
-                f"TFLOP/s), bandwidth-bound x{b.hbm_gbps / t.hbm_gbps:.3g} ({b.hbm_gbps:g} -> "
+                f"time x{pb / pt:.3g} ({pb:g} -> {pt:g} TFLOP/s fp16, {rates}), bandwidth-bound x{b.hbm_gbps / t.hbm_gbps:.3g} ({b.hbm_gbps:g} -> "
                 f"{t.hbm_gbps:g} GB/s), blended per sample by the {self.method} roofline ratio")
         if b.vendor != t.vendor:
             summary.append(f"{b.vendor} samples transferred to an {t.vendor} GPU: kernels, libraries and "
@@ -242,7 +246,7 @@ class TransferredProfile:
             "base_profile": self.base.name, "base_path": str(self.base.path),
             "samples_gpu": b.name, "samples_device": self.base.facts.gpu_name, "target_gpu": t.name,
             "operators": {"method": "none (same GPU)" if self.same_gpu else self.method,
-                          "compute_time_ratio": b.fp16_tflops / t.fp16_tflops,
+                          "compute_time_ratio": pb / pt, "compute_rates": rates,
                           "bandwidth_time_ratio": b.hbm_gbps / t.hbm_gbps,
                           "base_ridge_flops_per_byte": b.ridge_flops_per_byte,
                           "target_ridge_flops_per_byte": t.ridge_flops_per_byte},

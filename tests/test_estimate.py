@@ -29,21 +29,33 @@ class Pred:
     reason: str = ""
 
 
+@dataclass
+class _Facts:
+    gpu_name: str
+    peak_fp16_tflops: float = 312.0
+
+
 class RooflineProfile:
     """A deterministic stand-in: 100 TFLOP/s, 1 TB/s, 10 GB/s links, 5 us latency."""
 
     name = "roofline"
+    path = "roofline"
+    base = None
+    collective_dtype = "fp16"
     manifest = Manifest("roofline")  # no engine or step terms: the plain operator sum
+    facts = None  # set per test: the GPU it stands for (the achievable-rate cap and fp32 pricing)
 
-    def __init__(self, flag_op=None):
+    def __init__(self, flag_op=None, flops=1e14):
+        self.facts = _Facts("stand-in (CPU)")
         self.flag_op = flag_op
+        self.flops = flops
 
     def coverage(self, op, phase, features):
         return Coverage("in range", 1.0, "")
 
     def predict(self, op, phase, features):
         from neox_perf.opspec import op_bytes, op_flops
-        t = max(op_flops(op, phase, features) / 1e14, op_bytes(op, phase, features) / 1e12)
+        t = max(op_flops(op, phase, features) / self.flops, op_bytes(op, phase, features) / 1e12)
         return Pred(t, op == self.flag_op, "d above the sampled range" if op == self.flag_op else "")
 
     def predict_collective(self, kind, elements, nodes, gpus_per_node):
@@ -94,19 +106,79 @@ def test_extrapolation_flags_reach_the_estimate(write_yaml):
 
 
 def test_the_fp32_note_names_fp16_samples_only_when_they_are(write_yaml):
-    """An fp32 config predicted from the bundled fp16 GPU samples says so; a profile whose
-    own samples ran in fp32 (a CPU calibration) has nothing to warn about."""
+    """An fp32 config on fp16 GPU samples is priced at the GPU's fp32 rate and says so; a
+    profile whose own samples ran in fp32 (a CPU calibration) has nothing to say; one that can
+    price neither (16-bit samples, a device the GPU table does not know) refuses in one line."""
     from neox_perf.derive import derive
+    from neox_perf.errors import NeoxPerfError
     from neox_perf.operators import FP32_FROM_FP16
     from neox_perf.predict import predict
     path = write_yaml("c.yml", BASE.replace("fp16: {enabled: true}", "fp16: {enabled: false}"))
     cfg, _, _ = build(load_files([path]), WorldRequest(gpus=1, gpus_per_node=1))
     derived = derive(cfg, 50257)
     gpu = RooflineProfile()
-    assert FP32_FROM_FP16 in predict(cfg, derived, gpu).decomposition.notes
+    gpu.facts = _Facts("NVIDIA A100-SXM4-80GB")
+    notes = predict(cfg, derived, gpu).decomposition.notes
+    assert FP32_FROM_FP16 not in notes
+    assert any("fp32 run priced from fp16 operator samples at A100-SXM4-80GB" in n and "allow_tf32" in n
+               for n in notes)
     cpu = RooflineProfile()
+    cpu.facts = _Facts("AMD EPYC 7763 64-Core Processor (CPU)")
     cpu.manifest = Manifest("cpu", calibration=Calibration(dtype="fp32", device="cpu"))
-    assert FP32_FROM_FP16 not in predict(cfg, derived, cpu).decomposition.notes
+    assert not any("fp32" in n for n in predict(cfg, derived, cpu).decomposition.notes)
+    unknown = RooflineProfile()
+    unknown.facts = _Facts("Some Accelerator 9000")
+    with pytest.raises(NeoxPerfError) as err:
+        predict(cfg, derived, unknown)
+    assert "no fp32 rate" in err.value.line() and "\n" not in err.value.line()
+
+
+def _limited(write_yaml, precision_yaml, facts, flops=1e14):
+    from neox_perf.derive import derive
+    from neox_perf.predict import predict
+    cfg, _, _ = build(load_files([write_yaml("c.yml", BASE.replace("fp16: {enabled: true}", precision_yaml))]),
+                      WorldRequest(gpus=1, gpus_per_node=1))
+    prof = RooflineProfile(flops=flops)
+    prof.facts = facts
+    return predict(cfg, derive(cfg, 50257), prof)
+
+
+def test_no_operator_call_beats_the_gpus_achievable_rate(write_yaml):
+    """Samples at 1000 TFLOP/s on an A100 80GB PCIe: every GEMM is held to its measured 252.9
+    TFLOP/s and flagged as capped; at 100 TFLOP/s nothing is."""
+    slow = _limited(write_yaml, "fp16: {enabled: true}", _Facts("NVIDIA A100 80GB PCIe"))
+    assert not [f for f in slow.estimate.flags if f.kind == "capped"]
+    fast = _limited(write_yaml, "fp16: {enabled: true}", _Facts("NVIDIA A100 80GB PCIe"), flops=1e15)
+    capped = {f.what: f for f in fast.estimate.flags if f.kind == "capped"}
+    assert {"linear_final fwd", "linear_final bwd"} <= set(capped)  # the rest are bytes-bound here
+    assert "252.9 TFLOP/s" in capped["linear_final fwd"].reason
+    st = fast.decomposition.stages[0]
+    m = fast.decomposition.micro_batches
+    for call in st.layer_forward:
+        if getattr(call, "flops", 0) > 1e9:  # the GEMMs and attention matmuls
+            floor = call.flops * call.count * st.transformer_layers * m / 252.9e12
+            assert fast.estimate.operators[f"{call.op} {call.phase}"] >= floor * (1 - 1e-9)
+            assert slow.estimate.operators[f"{call.op} {call.phase}"] >= floor * (1 - 1e-9)
+
+
+def test_fp32_is_priced_at_the_gpus_fp32_rate(write_yaml):
+    """The same fp16 samples priced for an fp32 run on an A100 80GB PCIe by the additive
+    roofline of its achievable rates (252.9 -> 18.88 TFLOP/s) and doubled bytes: this small
+    GEMM (intensity ~230 FLOP/B) ~9x slower, a norm twice (its bytes only)."""
+    from neox_perf.opspec import op_bytes, op_flops
+    fp16 = _limited(write_yaml, "fp16: {enabled: true}", _Facts("NVIDIA A100 80GB PCIe"))
+    fp32 = _limited(write_yaml, "fp16: {enabled: false}", _Facts("NVIDIA A100 80GB PCIe"))
+    gemm = fp32.estimate.operators["linear3 fwd"] / fp16.estimate.operators["linear3 fwd"]
+    f = {"m": 512, "k": 512, "n": 2048}  # tokens 2 x 256, hidden 512, MLP 4 x 512
+    F, w = op_flops("linear3", "fwd", f), 1935e9
+    want = (F / 18.88e12 + op_bytes("linear3", "fwd", f, 4) / w) / (F / 252.9e12 + op_bytes("linear3", "fwd", f, 2) / w)
+    assert gemm == pytest.approx(want, rel=1e-6) and gemm > 5
+    norm = fp32.estimate.operators["layernorm fwd"] / fp16.estimate.operators["layernorm fwd"]
+    f = {"tokens": 512, "d": 512}  # the vector units' rate (19.5) in both: only the bytes double
+    F, v = op_flops("layernorm", "fwd", f), 19.5e12
+    want = (F / v + op_bytes("layernorm", "fwd", f, 4) / w) / (F / v + op_bytes("layernorm", "fwd", f, 2) / w)
+    assert norm == pytest.approx(want, rel=1e-6) and 1.5 < norm <= 2
+
 
 
 def test_partition_gathers_are_spent_by_the_receiving_stage(write_yaml):

@@ -190,7 +190,8 @@ def _render_prediction(result, console) -> None:
     if line:
         console.print(line)
     for flag in est.flags:
-        console.print(Text(f"extrapolated: {flag.what}: {flag.reason}", style="yellow"))
+        console.print(Text(f"{getattr(flag, 'kind', 'extrapolated')}: {flag.what}: {flag.reason}",
+                           style="yellow"))
     for note in pred["notes"]:
         console.print(Text(f"note: {note}", style="yellow"))
 

@@ -123,10 +123,14 @@ def recalibrate_from_run(run_dir: str, profile, out_dir: str, name: Optional[str
     from .report import measured_job
     job = measured_job(run_dir)  # (reference rank's summary, measured iterations), read once
     section, steps = _level_step_terms(manifest.step_terms, job[0])
+    dtypes = {s.dtype for s in samples if s.dtype}
     recalibrated = clean({
         "from_profile": prof.name, "run_dir": os.path.abspath(run_dir), "time": time.time(),
         "method": "baseline coefficients x weighted median(measured / predicted) per model",
-        "factors": factors, "skipped": skipped, "devices": devices})
+        "factors": factors, "skipped": skipped, "devices": devices,
+        # the corrected operator models now predict the run's calls in the run's element type:
+        # an fp32 run's level is not priced again from 16-bit samples (predictors/achievable.py)
+        "dtype": dtypes.pop() if len(dtypes) == 1 else None})
     # the corrected models stand on their own: no transfer section
     manifest = replace(manifest, name=name, operators=operators, collectives=collectives, transfer=None,
                        step_terms=section,

@@ -21,7 +21,7 @@ import numpy as np
 from neox_perf.profile.manifest import SCHEMA, SCHEMA_VERSION, Manifest
 from neox_perf.profile.sections import ArraysRef
 
-from .. import extrapolate
+from .. import extrapolate, gpus
 from . import cleaning, fit
 from .samples import FileRecord, sha256_of
 from .store_samples import _collective_processes, _device_of, measured_facts, training_sets
@@ -83,7 +83,7 @@ def fit_store(store_path, name: str, out_dir, *, device: Optional[int] = None,
     facts, fact_notes = measured_facts(name, fingerprint, sets, procs)
     record = FileRecord(store_path, "store", "calibration", used_for="all", sha256=sha256_of(store_path),
                         rows=int(sum(len(ts) for ts in sets.values())))
-    cleaned = cleaning.clean(sets, [record], facts)
+    cleaned = cleaning.clean(sets, [record], facts, precision=_precision(dtype))
     pool = _ArrayPool()
     operators: Dict[str, Dict[str, dict]] = {}
     collectives: Dict[str, dict] = {}
@@ -179,3 +179,12 @@ def _measured(runs) -> Optional[str]:
     days = [datetime.datetime.fromtimestamp(t, datetime.timezone.utc).date().isoformat()
             for t in (stamps[0], stamps[-1])]
     return days[0] if days[0] == days[1] else f"{days[0]} .. {days[1]}"
+
+
+def _precision(dtype: Optional[str]) -> str:
+    """The calibration's dtype as the GPU table names precisions (fp16 where unstated), for the
+    cleaning rule that raises rows faster than the GPU's achievable rate (a CPU has no row)."""
+    try:
+        return gpus.precision_key(dtype) if dtype else "fp16"
+    except ValueError:
+        return "fp16"

@@ -10,6 +10,14 @@ In order, per (op, phase):
      predicted by the forward model times the FLOP ratio;
 3. physical bounds: a row faster than the hardware allows cannot be a measurement of that
    work (Vista all-gather 4_1 / 8_1 "117 us" rows move hundreds of MB);
+3b. achievable rate: a kept operator row whose FLOP rate beats the GPU's achievable dense rate
+   for the samples' precision (gpus.Rate: measured GEMM maxima, not the data sheet) measured a
+   burst a long job cannot sustain: its duration is raised to FLOPs / achievable rate and the
+   row counted (`capped_to_achievable` per file). The samples are the mean of the 3rd-7th
+   fastest of 10 warm runs: 6-35% of the forward and 23-81% of the backward GEMM rows (linear*)
+   beat the achievable rate (Perlmutter A100 up to x1.11 of 271.2 TFLOP/s, Vista GH200 up to
+   x1.18 of 828.6). Prediction applies the same floor (achievable.py), so a profile trained
+   before this rule is held to it as well;
 4. robust outliers, two rules on r = log(measured / robust baseline):
    - gross: r more than 10x (and MAD_K MADs) from the median of its group (Vista
      firstStage_optimizer's 2-54 s rows among millisecond neighbours);
@@ -21,19 +29,23 @@ In order, per (op, phase):
    operators.
 Finally, a set where many kept rows still beat the data-sheet limits (inside the slack) gets
 a note in the manifest: its samples may not measure the stated work (Vista's stage
-optimizer times barely grow with the parameter count).
+optimizer times barely grow with the parameter count: 41% of its rows move their 40 bytes per
+parameter faster than the 4 TB/s HBM, on working sets of tens of GB no cache holds). Bytes are
+flagged, not capped: the byte counts are first-order (fillmask's masked_fill_ is counted as a
+full read and write), so a byte rate beyond HBM can be the count's error, not the row's.
+docs/achievable-rates.md states these rules for users.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Dict, List, Tuple
+from dataclasses import dataclass, field, replace
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
 from neox_perf import opspec
 from neox_perf.profile.facts import ClusterFacts
 
-from .. import baseline
+from .. import baseline, gpus
 from .samples import COLLECTIVE_PHASE, FileRecord, TrainingSet
 
 # FLOP counts of matmuls are exact and tensor-core peak is not exceeded in practice.
@@ -127,6 +139,28 @@ def beyond_nominal(ts: TrainingSet, facts: ClusterFacts) -> np.ndarray:
     return (nbytes > facts.hbm_bandwidth_gbps * 1e9) | (flops > facts.peak_fp16_tflops * 1e12)
 
 
+def achievable_tflops(facts: ClusterFacts, precision: Optional[str] = "fp16") -> Optional[gpus.Rate]:
+    """The achievable dense rate of the facts' GPU for the samples' precision, or None (a CPU
+    calibration, a device the GPU table does not know, no figure for it, or precision None)."""
+    if precision is None or not facts.gpu_name or facts.gpu_name.endswith("(CPU)"):
+        return None
+    gpu = gpus.find_gpu(facts.gpu_name)
+    return gpu.achievable(precision) if gpu is not None else None
+
+
+def cap_to_achievable(ts: TrainingSet, facts: ClusterFacts,
+                      precision: Optional[str] = "fp16") -> Tuple[TrainingSet, np.ndarray]:
+    """(the set with rows beating the achievable rate raised to it, which rows were raised)."""
+    rate = achievable_tflops(facts, precision)
+    if rate is None or ts.phase == COLLECTIVE_PHASE or len(ts) == 0:
+        return ts, np.zeros(len(ts), dtype=bool)
+    floor = np.asarray(opspec.op_flops(ts.op, ts.phase, ts.features), dtype=float) / (rate.tflops * 1e12)
+    over = ts.seconds < floor
+    if not over.any():
+        return ts, over
+    return replace(ts, seconds=np.maximum(ts.seconds, floor)), over
+
+
 def baseline_design(ts: TrainingSet, facts: ClusterFacts) -> np.ndarray:
     if ts.phase == COLLECTIVE_PHASE:
         f = ts.features
@@ -215,7 +249,9 @@ def outliers(log_resid: np.ndarray, log_features: np.ndarray, groups: np.ndarray
 
 
 def clean(sets: Dict[Tuple[str, str], TrainingSet], records: List[FileRecord],
-          facts: ClusterFacts) -> CleanResult:
+          facts: ClusterFacts, precision: Optional[str] = "fp16") -> CleanResult:
+    """precision: what the operator samples were timed in (the published ones: fp16); None
+    keeps every kept row's duration as measured (a benchmark's held-out truth)."""
     result = CleanResult({})
     work: Dict[Tuple[str, str], TrainingSet] = {}
     valid: Dict[Tuple[str, str], np.ndarray] = {}
@@ -256,6 +292,16 @@ def clean(sets: Dict[Tuple[str, str], TrainingSet], records: List[FileRecord],
         over, what = physical_violation(ts, facts)
         _drop(records, ts, over, what)
         ts = ts.subset(~over)
+        ts, capped = cap_to_achievable(ts, facts, precision)
+        if capped.any():
+            for idx, count in zip(*np.unique(ts.file_index[capped], return_counts=True)):
+                rec = records[idx]
+                rec.capped[ts.phase] = rec.capped.get(ts.phase, 0) + int(count)
+            rate = achievable_tflops(facts, precision)
+            result.notes.append(
+                f"{ts.op}/{ts.phase}: {int(capped.sum())} of {len(ts)} rows ran faster than the GPU's "
+                f"achievable {precision} rate ({rate.tflops:g} TFLOP/s, docs/achievable-rates.md): "
+                f"their durations were raised to it (a burst a long job cannot sustain)")
         if len(ts) < 8:
             work[key] = ts
             continue

@@ -158,6 +158,7 @@ class FileRecord:
     rows: int = 0
     kept: Dict[str, int] = field(default_factory=dict)  # phase -> rows kept
     dropped: Dict[str, Dict[str, int]] = field(default_factory=lambda: defaultdict(dict))
+    capped: Dict[str, int] = field(default_factory=dict)  # phase -> rows raised to the achievable rate
 
     def drop(self, phase: str, reason: str, count: int = 1) -> None:
         if count:
@@ -172,6 +173,8 @@ class FileRecord:
             out["used_for"] = self.used_for
             out["kept"] = dict(self.kept)
             out["dropped"] = {p: dict(r) for p, r in self.dropped.items() if r}
+            if any(self.capped.values()):
+                out["capped_to_achievable"] = {p: n for p, n in self.capped.items() if n}
         return out
 
 

@@ -22,6 +22,8 @@ from neox_perf.estimate import estimate
 from neox_perf.operators import decompose, stage_shapes
 from neox_perf.step_terms import FITTED, StepTerms
 
+from .. import achievable
+
 # Physical bounds: no gap is negative, and no scale is below 1. An operator is at its best in a
 # warmed-up isolated benchmark: nothing in a real step makes a kernel faster. A dev set whose
 # GPUs run the sampled kernels faster than the samples' GPUs would fit scales below 1 (vTrain's
@@ -64,8 +66,15 @@ def prepare(runs, build: Callable, key: Callable = lambda r: r.layout, profile=N
 
 
 def predict_all(cases: Sequence[Case], profile, terms: StepTerms) -> np.ndarray:
-    return np.array([estimate(c.decomposition, c.profile or profile, terms).iteration_seconds
-                     for c in cases])
+    """Each case as predict.predict times it, on the cluster it ran on: the same precision
+    rescale and achievable-rate cap on the profile's GPU (achievable.limits), with trial step
+    terms."""
+    out = []
+    for c in cases:
+        prof = c.profile or profile
+        limits = achievable.limits(prof, c.decomposition.precision)
+        out.append(estimate(c.decomposition, prof, terms, limits=limits).iteration_seconds)
+    return np.array(out)
 
 
 def linearise(cases: Sequence[Case], profile, terms: StepTerms,

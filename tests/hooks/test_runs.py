@@ -19,6 +19,7 @@ from hook_helpers import HERE, base_env, cli, free_port, run  # noqa: E402
 from workload_specs import VOCAB, write_config  # noqa: E402
 
 from neox_perf.profile.manifest import Manifest  # noqa: E402
+from neox_perf.profile.sections import Calibration  # noqa: E402
 from neox_perf.profile.values import Coverage  # noqa: E402
 
 ITERS = 12
@@ -231,8 +232,12 @@ class _FlatProfile:
     """A stand-in cluster profile: every operator call 10 us, every collective 20 us."""
 
     name = "flat-test"
+    path = "flat-test"
+    base = None
     collective_dtype = "fp16"
-    manifest = Manifest("flat-test")  # no engine or step terms
+    # timed on the run's own machine in the run's element type (as a CPU calibration is): no
+    # precision to convert, no GPU row to cap at
+    manifest = Manifest("flat-test", calibration=Calibration(dtype="fp32", device="cpu"))
 
     class facts:
         gpus_per_node = 8

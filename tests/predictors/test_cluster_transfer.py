@@ -95,27 +95,39 @@ def test_less_bandwidth_slows_memory_bound_operators_only():
 
 
 def test_fewer_tflops_slow_compute_bound_operators(tmp_path):
-    text = IDENTICAL["vista-gh200"].replace("GH200-96GB", "H100-PCIe-80GB")  # 756 vs 989 TFLOP/s
+    # achievable 499.5 vs 828.6 TFLOP/s (data sheets 756 vs 989: the transfer uses the former)
+    text = IDENTICAL["vista-gh200"].replace("GH200-96GB", "H100-PCIe-80GB")
     base, slower = load_profile("vista-gh200"), _desc(tmp_path, text)
     gemm = slower.predict(*GEMM).seconds / base.predict(*GEMM).seconds
     ln = slower.predict(*LN).seconds / base.predict(*LN).seconds
     # mostly the tensor-core ratio, a little of the (halved) bandwidth for its operands
-    assert 989 / 756 < gemm < 1.4
+    assert 828.6 / 499.5 < gemm < 1.75
     assert ln == pytest.approx(4000 / 2000, rel=0.02)
     faster = _desc(tmp_path, IDENTICAL["vista-gh200"].replace("GH200-96GB", "B200"), "b200.yml")
-    assert faster.predict(*GEMM).seconds < 0.5 * base.predict(*GEMM).seconds
+    # achievable fp16 1627.6 vs 828.6 TFLOP/s (x1.96; the data sheets say x2.28)
+    assert faster.predict(*GEMM).seconds < 0.53 * base.predict(*GEMM).seconds
 
 
 def test_intensity_between_the_two_bounds_blends_them():
     ratio = transfer.operator_ratio("additive", [1e12, 1e12, 1e6], [1e6, 5e9, 1e12],
                                     load_profile("perlmutter-a100").base_gpu, transfer.gpus.gpu("GH200-96GB"))
     compute, mid, memory = ratio
-    assert compute == pytest.approx(312 / 989, rel=1e-3) and memory == pytest.approx(2039 / 4000, rel=1e-3)
+    # achievable rates (271.2, 828.6), not the data sheets' 312 and 989
+    assert compute == pytest.approx(271.2 / 828.6, rel=1e-3) and memory == pytest.approx(2039 / 4000, rel=1e-3)
     assert compute < mid < memory
     roof = transfer.operator_ratio("roofline", [1e12], [5e9], transfer.gpus.gpu("A100-SXM4-80GB"),
                                    transfer.gpus.gpu("GH200-96GB"))
-    # compute-bound on the A100 (ridge 153 FLOP/B), memory-bound on the GH200 (ridge 247)
-    assert roof[0] == pytest.approx((5e9 / 4000e9) / (1e12 / 312e12))
+    # compute-bound on the A100 (ridge 133 FLOP/B at 271.2), memory-bound on the GH200 (207)
+    assert roof[0] == pytest.approx((5e9 / 4000e9) / (1e12 / 271.2e12))
+
+
+def test_a_gpu_without_an_achievable_rate_transfers_by_both_data_sheets():
+    """L40S has no measured GEMM rate: base and target are both taken at their data-sheet
+    peaks (312 -> 362) rather than mixing a measured rate with a data sheet."""
+    a100, l40s = transfer.gpus.gpu("A100-SXM4-80GB"), transfer.gpus.gpu("L40S")
+    assert l40s.achievable("fp16") is None
+    assert transfer.operator_ratio("additive", [1e15], [1.0], a100, l40s)[0] == pytest.approx(312 / 362, rel=1e-6)
+    assert transfer.gpus.transfer_rates(a100, l40s)[2] == "data-sheet peak"
 
 
 DGX = """\

@@ -1,0 +1,196 @@
+"""What one operator call can cost at least on the GPU a profile describes, in the precision the
+run computes in: the rule every operator prediction passes through (`estimate`, called by
+`predict.predict` for check, plan, validate and the run hook, and by the step-term fit).
+
+1. Precision. A profile's operator samples were timed in one precision (the bundled GPU
+   samples: fp16). A run in another is priced on the same GPU by the additive roofline of
+   achievable rates, the form transfer.operator_ratio uses between GPUs:
+
+       t_run = t0 + (t_samples - t0) * (F / P_run + B_run / W) / (F / P_samples + B_samples / W)
+
+   F the call's FLOPs, B its bytes at each precision's element size (fp32 moves twice the
+   bytes of fp16), P the GPU's achievable dense rate per precision (gpus.Rate) for the matmul
+   operators (step_terms.COMPUTE_BOUND) and its fp32 vector rate in both precisions for the
+   rest (elementwise math runs on the vector units whatever the storage type), W its HBM
+   bandwidth, t0 the model's fitted fixed cost (its baseline's constant: launch and framework
+   overhead, the same whatever the element type; a tiny kernel is not 14x slower in fp32). A
+   GEMM priced from fp16 samples in fp32 slows by up to P_fp16 / P_fp32 (14x on an A100: 271
+   vs 19 TFLOP/s), a norm by its doubled bytes. fp32 means IEEE fp32 matmuls:
+   GPT-NeoX and DeepSpeed never set torch.backends.cuda.matmul.allow_tf32 nor
+   torch.set_float32_matmul_precision, and PyTorch leaves TF32 off for matmuls by default
+   since 1.12 (docs: notes/cuda.rst, "TensorFloat-32 (TF32) on Ampere (and later) devices").
+   A run a profile cannot price this way (no fp32 rate for its GPU, or no GPU row at all) is
+   refused in one line, never predicted from 16-bit samples unadjusted.
+
+2. Cap. No call is predicted faster than its FLOPs at the GPU's achievable rate for the run's
+   precision: t >= F / P_run. The samples are short bursts (the mean of the 3rd-7th fastest of
+   10 runs, warm caches): their largest GEMMs beat what a long GEMM sustains (Perlmutter A100
+   up to 301 TFLOP/s against 271 measured by a shape search over 100-run means; Vista GH200
+   up to 977 against 829), and a training step runs them back to back for hours. A capped
+   call is flagged like an extrapolated one. Bytes are not capped: opspec's byte counts are
+   first-order (no cache reuse), and the samples show elementwise operators beyond HBM
+   bandwidth where their tensors sit in L2 (Perlmutter res_add 2.5 TB/s on a 2.0 TB/s part).
+   A GPU without an achievable figure for the precision is capped at its data-sheet peak, and
+   the flag says so.
+
+CPU-calibrated profiles (and any profile whose device is not in the GPU table and whose samples
+are in the run's precision) have no GPU row: nothing is rescaled or capped there.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Tuple
+
+from neox_perf import opspec
+from neox_perf.step_terms import COMPUTE_BOUND
+
+from . import gpus
+from .errors import ProfileError
+
+SAMPLES_DEFAULT = "fp16"  # the published operator samples (and so the bundled profiles)
+_WIDTH = {"fp16": 2, "bf16": 2, "tf32": 4, "fp32": 4}
+
+
+def gpu_of(profile) -> Optional[gpus.GPU]:
+    """The GPU-table row of a profile (neox_perf.profile.protocol.Profile) by its device name (a
+    description's facts name its table row); None for a CPU calibration or a device the table
+    does not know."""
+    name = str(profile.facts.gpu_name or "")
+    if not name or name.endswith("(CPU)"):
+        return None
+    return gpus.find_gpu(name)
+
+
+def samples_precision(profile) -> str:
+    """The precision a profile's operator models predict in: the run a level correction scaled
+    them to (`calibrate --from-run`), else its calibration's dtype, else the published fp16."""
+    manifest = profile.manifest
+    recalibrated = manifest.provenance.recalibrated if manifest.provenance is not None else None
+    dtype = recalibrated.get("dtype") if recalibrated else None
+    dtype = dtype or (manifest.calibration.dtype if manifest.calibration is not None else None)
+    try:
+        return gpus.precision_key(dtype) if dtype else SAMPLES_DEFAULT
+    except ValueError:
+        return SAMPLES_DEFAULT
+
+
+def rate(gpu: gpus.GPU, precision: str) -> Tuple[Optional[float], str]:
+    """(TFLOP/s, what it is) a cap uses: the achievable rate, else the data-sheet peak."""
+    found = gpu.achievable(precision)
+    if found is not None:
+        kind = "measured" if found.measured else "derived"
+        return found.tflops, f"{gpu.name}'s achievable {precision} rate, {found.tflops:g} TFLOP/s ({kind})"
+    peak = gpu.peak_tflops(precision)
+    if peak is None:
+        return None, f"no {precision} rate for {gpu.name}"
+    return peak, (f"{gpu.name}'s data-sheet {precision} peak, {peak:g} TFLOP/s (no measured achievable "
+                  f"rate in the GPU table)")
+
+
+@dataclass(frozen=True)
+class OperatorLimits:
+    """The precision rescale and the cap for one (profile, run precision)."""
+
+    gpu: gpus.GPU
+    precision: str  # the run's: fp16 | bf16 | fp32
+    samples: str  # the profile's samples'
+    cap_tflops: float
+    cap_what: str
+    # (samples' rate, run's rate) TFLOP/s when the run is priced from samples of another
+    # precision; None when the samples already are the run's precision (or run at its rate)
+    rescale_tflops: Optional[Tuple[float, float]] = None
+    profile: object = field(default=None, compare=False, repr=False)  # whose models' fixed costs stay
+
+    def rescaled(self, call, seconds: float) -> float:
+        """Isolated seconds of `call` in the run's precision from its samples' prediction; the
+        model's fixed cost (fixed_cost()) does not scale."""
+        if self.rescale_tflops is None:
+            return seconds
+        if call.op in COMPUTE_BOUND:
+            ps, pr = (p * 1e12 for p in self.rescale_tflops)
+        else:
+            ps = pr = self.gpu.fp32_tflops * 1e12
+        w = self.gpu.hbm_gbps * 1e9
+        phase = opspec.OPTIMIZER_PHASE if call.op == "optimizer" else call.phase
+        feats = call.feature_dict()
+        b_s = float(opspec.op_bytes(call.op, phase, feats, _WIDTH[self.samples]))
+        b_r = float(opspec.op_bytes(call.op, phase, feats, _WIDTH[self.precision]))
+        f = float(call.flops)
+        t0 = min(max(fixed_cost(self.profile, call.op, phase), 0.0), seconds)
+        return t0 + (seconds - t0) * (f / pr + b_r / w) / (f / ps + b_s / w)
+
+    def capped(self, call, seconds: float) -> Tuple[float, str]:
+        """(seconds, why it was raised, or "") under the achievable-rate floor."""
+        floor = float(call.flops) / (self.cap_tflops * 1e12)
+        if seconds >= floor:
+            return seconds, ""
+        return floor, (f"predicted {float(call.flops) / seconds / 1e12:.0f} TFLOP/s, capped at "
+                       f"{self.cap_what}")
+
+    def note(self) -> Optional[str]:
+        """What a run's notes should say about its precision, or None."""
+        if self.rescale_tflops is None:
+            return None
+        ps, pr = self.rescale_tflops
+        return (f"{self.precision} run priced from {self.samples} operator samples at {self.gpu.name}'s "
+                f"achievable rates ({ps:g} -> {pr:g} TFLOP/s, bytes x{_WIDTH[self.precision] // _WIDTH[self.samples]}"
+                + ("; matmuls in IEEE fp32: NeoX leaves torch.backends.cuda.matmul.allow_tf32 at PyTorch's "
+                   "default, off" if self.precision == "fp32" else "") + ")")
+
+
+def fixed_cost(profile, op: str, phase: str) -> float:
+    """Seconds of a profile's model of (op, phase) that do not depend on the work: its
+    baseline's constant (0 where the model has none, e.g. a stand-in or a derived phase)."""
+    entry = profile.manifest.model(op, phase)
+    coef = entry.baseline.coef if entry is not None and entry.baseline is not None else None
+    return float(coef[0]) if coef else 0.0
+
+
+def limits(profile, precision: str) -> Optional[OperatorLimits]:
+    """The rescale and cap for runs in `precision` on `profile`; None where the profile has no
+    GPU row and its samples are the run's precision (a CPU calibration). Raises a one-line
+    ProfileError where a run cannot be priced honestly."""
+    samples = samples_precision(profile)
+    run = gpus.precision_key(precision) if precision else samples
+    gpu = gpu_of(profile)
+    wider = _WIDTH[run] != _WIDTH[samples]
+    where = profile.path
+    if gpu is None:
+        if wider:
+            device = profile.facts.gpu_name
+            raise ProfileError(where, f"{run} run: the operator samples are {samples} and the device "
+                                      f"{device!r} is not in the GPU table, so there is no {run} rate to "
+                                      f"price them at",
+                               f"calibrate this machine in {run}, or use a profile whose GPU the table names")
+        return None
+    cap, what = rate(gpu, run)
+    if cap is None:
+        raise ProfileError(where, f"{run} run on {gpu.name}: no measured {run} GEMM rate for this GPU "
+                                  f"(docs/achievable-rates.md), so neox-perf cannot price {run} there",
+                           f"train in fp16/bf16, or calibrate a profile on this GPU in {run}")
+    rescale = None
+    if run != samples:
+        have, want = gpu.achievable(samples), gpu.achievable(run)
+        if wider and (have is None or want is None):
+            missing = " or ".join(p for p, r in ((samples, have), (run, want)) if r is None)
+            raise ProfileError(where, f"{run} run on {gpu.name}: no measured {missing} GEMM rate for this GPU "
+                                      f"(docs/achievable-rates.md), so its {samples} samples cannot be priced "
+                                      f"in {run}",
+                               f"train in {samples}, or calibrate a profile on this GPU in {run}")
+        if have is not None and want is not None and (wider or have.tflops != want.tflops):
+            rescale = (have.tflops, want.tflops)
+    return OperatorLimits(gpu, run, samples, cap, what, rescale, profile)
+
+
+def mfu_peak_tflops(profile, precision: str) -> Optional[float]:
+    """The data-sheet peak model FLOPs utilisation is quoted against: the run's precision on the
+    profile's GPU (fp32 runs against the fp32 rate), else the profile's facts (fp16 peak)."""
+    gpu = gpu_of(profile) if profile is not None else None
+    if gpu is not None and precision:
+        try:
+            peak = gpu.peak_tflops(precision)
+        except ValueError:
+            peak = None
+        if peak:
+            return peak
+    return profile.facts.peak_fp16_tflops if profile is not None else None
