@@ -1,19 +1,29 @@
-"""Predicted against measured end-to-end iterations on the development set of real GPU runs.
+"""Predicted against measured end-to-end iterations on the development sets of real GPU runs.
 
-Every row of vTrain's 1,440 Megatron-DeepSpeed iterations on 8-GPU A100 nodes becomes the
-NeoX config of the same job (predictors/devset.py) and is predicted through a cluster
-description of those nodes, exactly as `neox-perf check` would predict it. Printed:
-1. the plain operator sum (no step terms): MAPE, mean signed error, worst run, by layout;
-2. the step terms fitted on all runs (what the bundled profile ships);
-3. cross-validation: each (tp, dp, pp) layout predicted with terms fitted on the other
-   layouts only, then the same by pipeline depth and by tensor-parallel width (fit on the
-   others, predict the held-out depth/width), with the 80% interval's coverage.
+Every measured iteration (predictors/fitting/devset.py) becomes the NeoX config of the same job and is
+predicted through a cluster description of the nodes it ran on, exactly as `neox-perf check`
+would predict it:
+- vTrain's 1,440 single-node Megatron-DeepSpeed iterations (8-GPU A100 nodes) through
+  neox_perf/examples/clusters/dgx-a100.yml;
+- vTrain's 47 multi-node iterations (a 3.6B model on 64 GPUs, a 175B model on 512 GPUs, 8 GPUs
+  per node, 800 Gb/s per node between them) through benchmarks/clusters/vtrain-a100.yml.
+Printed:
+1. the plain operator sum, and the terms the bundled profile ships now, on both sets;
+2. the step terms fitted on both sets together;
+3. cross-validation: each single-node (tp, dp, pp) layout predicted with terms fitted without it,
+   and each multi-node model predicted with terms fitted without it (by model); then the
+   single-node set by pipeline depth and by tensor-parallel width;
+4. the 80% interval per regime (inside a node: the single-node residuals; across nodes: the
+   multi-node ones), each from cross-validated residuals, with its coverage on held-out folds
+   (each fold's runs against the interval made without that fold) and its median width.
+Multi-node runs that disagree with their own job at a smaller micro-batch
+(devset.inconsistent) are reported apart and left out of the fit.
 
-    python benchmarks/endtoend.py [--cluster neox_perf/examples/clusters/dgx-a100.yml]
+    python benchmarks/endtoend.py
     python benchmarks/endtoend.py --write-terms neox_perf/profiles/perlmutter-a100-80gb
 
---write-terms stores the fitted terms and the cross-validated interval in that profile's
-manifest (atomically), for every description based on it to inherit.
+--write-terms stores the fitted terms and the intervals in that profile's manifest
+(atomically), for every description based on it to inherit.
 """
 from __future__ import annotations
 
@@ -31,39 +41,85 @@ sys.path.insert(0, str(REPO))
 from neox_perf.estimate import estimate  # noqa: E402
 from neox_perf.predict import load_cluster  # noqa: E402
 from neox_perf.predictors.fitting import devset, step_fit  # noqa: E402
-from neox_perf.step_terms import FITTED, StepTerms  # noqa: E402
+from neox_perf.step_terms import FITTED, Interval, StepTerms, of_profile  # noqa: E402
 
 DEFAULT_CLUSTER = REPO / "neox_perf" / "examples" / "clusters" / "dgx-a100.yml"
+MULTI_CLUSTER = REPO / "benchmarks" / "clusters" / "vtrain-a100.yml"
+SINGLE, MULTI = "single", "multi"
 
 
-def _table(title, cases, predicted, key=lambda c: c.key, label="layout (tp,dp,pp)"):
+def _table(title, cases, predicted, key=lambda c: c.key[1:], label="layout (tp,dp,pp)"):
     groups = defaultdict(list)
     for c, p in zip(cases, predicted):
         groups[key(c)].append(p / c.measured - 1.0)
     print(f"\n{title}")
     print(f"{label:>18} {'runs':>5} {'MAPE %':>7} {'signed %':>9} {'worst %':>8}")
-    for k in sorted(groups):
+    for k in sorted(groups, key=str):
         e = np.array(groups[k])
         print(f"{str(k):>18} {len(e):5d} {np.mean(np.abs(e)) * 100:7.1f} {np.mean(e) * 100:9.1f} "
               f"{e[np.argmax(np.abs(e))] * 100:8.1f}")
-    worst_class = max(np.mean(np.abs(v)) for v in groups.values()) * 100
-    return worst_class
+    return max(np.mean(np.abs(v)) for v in groups.values()) * 100
 
 
-def _line(name, measured, predicted, cases):
-    s = step_fit.summary(measured, predicted)
-    worst = cases[s["worst_index"]].label
+def _line(name, cases, predicted):
+    measured = np.array([c.measured for c in cases])
+    s = step_fit.summary(measured, np.asarray(predicted))
     print(f"{name}: MAPE {s['mape']:.2f}%  mean signed {s['mean_signed']:+.2f}%  "
-          f"worst {s['worst']:+.1f}% ({worst})  over {s['runs']} runs")
+          f"worst {s['worst']:+.1f}% ({cases[s['worst_index']].label})  over {s['runs']} runs")
     return s
 
 
-def _coverage(measured, predicted, shares, interval):
-    from neox_perf.step_terms import Interval
-    iv = Interval.from_dict(interval)
-    inside = [lo <= m <= hi for m, (lo, hi) in
-              ((m, iv.around(p, s)) for m, p, s in zip(measured, predicted, shares))]
-    return 100.0 * float(np.mean(inside))
+def _by_model(name, cases, predicted):
+    """One line per multi-node model; returns {model: summary}."""
+    out = {}
+    for model in sorted({c.key[1] for c in cases}, key=float):
+        idx = [i for i, c in enumerate(cases) if c.key[1] == model]
+        out[model] = _line(f"{name}, {model}B", [cases[i] for i in idx], np.asarray(predicted)[idx])
+    return out
+
+
+def _shares(cases, profile, terms):
+    est = [estimate(c.decomposition, c.profile or profile, terms) for c in cases]
+    return np.array([e.extrapolated_share for e in est])
+
+
+def _nested_coverage(cases, predicted, shares, fold_of, pool=None, level=0.8):
+    """(share of runs inside the 80% interval made without their fold -- from the other folds'
+    residuals and the `pool` of (measured, predicted, shares) every fold's interval also stands
+    on --, that share per fold, the median relative width of those intervals)."""
+    measured = np.array([c.measured for c in cases])
+    folds = [fold_of(c) for c in cases]
+    pm, pp, ps = pool if pool is not None else (np.array([]), np.array([]), np.array([]))
+    inside, widths, per_fold = [], [], {}
+    for f in sorted(set(folds), key=str):
+        held = np.array([g == f for g in folds])
+        iv = Interval.from_dict(step_fit.interval_from_residuals(
+            np.concatenate([pm, measured[~held]]), np.concatenate([pp, predicted[~held]]),
+            np.concatenate([ps, shares[~held]]), coverage=level))
+        mine = []
+        for m, p, s in zip(measured[held], predicted[held], shares[held]):
+            lo, hi = iv.around(p, s)
+            mine.append(lo <= m <= hi)
+            widths.append((hi - lo) / p)
+        inside += mine
+        per_fold[f] = 100.0 * float(np.mean(mine))
+    return 100.0 * float(np.mean(inside)), per_fold, 100.0 * float(np.median(widths))
+
+
+def _held_out_interval(cases, predicted, shares, fold_of, pool=None):
+    """The 80% interval, its central share chosen on held-out folds: the smallest level (from
+    0.80 up) whose intervals, each made without the fold it is checked on, hold 80% of the
+    held-out runs -- residuals pooled across folds promise more than a new layout or model gets.
+    Returns (interval over every residual at that level, level, coverage, per fold, median width)."""
+    measured = np.array([c.measured for c in cases])
+    pm, pp, ps = pool if pool is not None else (np.array([]), np.array([]), np.array([]))
+    for level in np.arange(0.80, 0.991, 0.01):
+        cover, per_fold, width = _nested_coverage(cases, predicted, shares, fold_of, pool, level)
+        if cover >= 80.0:
+            break
+    interval = step_fit.interval_from_residuals(np.concatenate([pm, measured]), np.concatenate([pp, predicted]),
+                                                np.concatenate([ps, shares]), coverage=level)
+    return interval, float(level), cover, per_fold, width
 
 
 def _write_terms(profile_dir: Path, section: dict) -> None:
@@ -76,13 +132,26 @@ def _write_terms(profile_dir: Path, section: dict) -> None:
     print(f"\nwrote step_terms into {manifest_path(profile_dir)}")
 
 
+def _load(args):
+    single = devset.load_vtrain(Path(args.csv) if args.csv else None)
+    try:
+        multi = devset.load_vtrain_multi(Path(args.multi_csv) if args.multi_csv else None)
+    except FileNotFoundError as exc:
+        print(f"(no multi-node runs: {exc})")
+        multi = []
+    return single, multi
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cluster", default=str(DEFAULT_CLUSTER),
-                    help="cluster profile or description of the dev set's nodes")
+                    help="cluster profile or description of the single-node set's nodes")
+    ap.add_argument("--multi-cluster", default=str(MULTI_CLUSTER),
+                    help="cluster description of the multi-node set's nodes")
     ap.add_argument("--csv", help="vTrain single_node_runs.csv (default ../shared/data/...)")
+    ap.add_argument("--multi-csv", help="vTrain multi_node_runs.csv (default ../shared/data/...)")
     ap.add_argument("--write-terms", metavar="PROFILE_DIR",
-                    help="store the fitted terms and interval in this profile's manifest")
+                    help="store the fitted terms and intervals in this profile's manifest")
     ap.add_argument("--rounds", type=int, default=12, help="re-linearisation rounds of the fit (at most)")
     ap.add_argument("--other-gpu-widen", type=float, default=0.109,
                     help="relative widening of the interval on another GPU: the median operator "
@@ -92,8 +161,8 @@ def main(argv=None) -> int:
                          "its interval widens by --other-gpu-widen)")
     ap.add_argument("--scales-from", type=float, metavar="LOW",
                     help="let compute_scale and memory_scale go down to LOW (the shipped fit keeps "
-                         "them >= 1, see predictors/step_fit.BOUNDS): shows what a dev set whose "
-                         "GPUs are faster than the samples' would fit; never with --write-terms")
+                         "them >= 1, see step_fit.BOUNDS): shows what a dev set whose GPUs are "
+                         "faster than the samples' would fit; never with --write-terms")
     args = ap.parse_args(argv)
     if args.scales_from is not None:
         if args.write_terms or args.also_write:
@@ -102,73 +171,157 @@ def main(argv=None) -> int:
             step_fit.BOUNDS[n] = (args.scales_from, step_fit.BOUNDS[n][1])
     started = time.perf_counter()
     try:
-        runs = devset.load_vtrain(Path(args.csv) if args.csv else None)
+        single_runs, multi_runs = _load(args)
     except FileNotFoundError as exc:
         print(f"endtoend: {exc}; nothing to measure")
         return 0
     profile = load_cluster(args.cluster)
     gpn = profile.facts.gpus_per_node
-    print(f"{len(runs)} measured iterations (vTrain, 8-GPU A100 nodes) predicted through "
+    print(f"{len(single_runs)} single-node iterations (vTrain, 8-GPU A100 nodes) through "
           f"{profile.name} ({profile.facts.gpu_name}, {gpn} GPUs/node)")
+    cases = step_fit.prepare(single_runs, lambda r: devset.build_config(r, gpn),
+                             key=lambda r: (SINGLE,) + r.layout, pipe_sends_mask=devset.PIPE_SENDS_MASK)
+    multi, apart = [], []
+    if multi_runs:
+        mprof = load_cluster(args.multi_cluster)
+        mgpn = mprof.facts.gpus_per_node
+        print(f"{len(multi_runs)} multi-node iterations (vTrain: "
+              + ", ".join(f"{m}B on {next(r.gpus for r in multi_runs if r.model == m)} GPUs"
+                          for m in sorted({r.model for r in multi_runs}, key=float))
+              + f") through {mprof.name} ({mprof.facts.gpu_name}, {mgpn} GPUs/node, "
+                f"{mprof.description.inter_node_Gbps:g} Gb/s per node)")
+        built = step_fit.prepare(multi_runs, lambda r: devset.build_config(r, mgpn),
+                                 key=lambda r: (MULTI, r.model) + r.layout, profile=mprof,
+                                 pipe_sends_mask=devset.PIPE_SENDS_MASK)
+        for case, bad in zip(built, devset.inconsistent(multi_runs)):
+            (apart if bad else multi).append(case)
+        for c in apart:
+            print(f"  set apart (slower than the same job at a smaller micro-batch by over "
+                  f"{devset.INCONSISTENT_RATIO}x): {c.label}")
     print(f"assumed: {devset.ASSUMPTIONS}")
-    cases = step_fit.prepare(runs, lambda r: devset.build_config(r, gpn))
-    measured = np.array([c.measured for c in cases])
+    everything = cases + multi
 
+    shipped, _ = of_profile(profile)
+    for name, terms in (("operator sum (no step terms)", StepTerms()),
+                        (f"terms {profile.name} ships now", shipped)):
+        print()
+        _line(f"{name}, single-node", cases, step_fit.predict_all(cases, profile, terms))
+        if multi:
+            _by_model(f"{name}, multi-node", multi + apart,
+                      step_fit.predict_all(multi + apart, profile, terms))
     plain = step_fit.predict_all(cases, profile, StepTerms())
-    print()
-    _line("operator sum (no step terms)", measured, plain, cases)
-    _table("operator sum, by layout", cases, plain)
+    _table("operator sum, by layout (single-node)", cases, plain)
 
-    terms = step_fit.fit(cases, profile, rounds=args.rounds)
-    fitted = step_fit.predict_all(cases, profile, terms)
-    print("\nstep terms fitted on all runs:")
+    terms = step_fit.fit(everything, profile, rounds=args.rounds)
+    print(f"\nstep terms fitted on all runs ({len(cases)} single-node, {len(multi)} multi-node):")
     for n in FITTED:
-        print(f"  {n:>17} = {getattr(terms, n):.6g}")
-    _line("fitted on all runs (in-sample)", measured, fitted, cases)
+        print(f"  {n:>22} = {getattr(terms, n):.6g}")
+    fitted = step_fit.predict_all(everything, profile, terms)
+    _line("fitted on all runs (in-sample), single-node", cases, fitted[:len(cases)])
+    if multi:
+        _by_model("fitted on all runs (in-sample), multi-node", multi, fitted[len(cases):])
 
-    lin = step_fit.linearise(cases, profile, terms)
-    cv = step_fit.cross_validate(cases, profile, terms, linearisation=lin)
+    lin = step_fit.linearise(everything, profile, terms)
+    keys = sorted({c.key for c in everything}, key=str)
+    models = sorted({c.key[1] for c in multi}, key=float)
+    folds = ([[k] for k in keys if k[0] == SINGLE]
+             + [[k for k in keys if k[0] == MULTI and k[1] == m] for m in models])
+    cv = step_fit.cross_validate(everything, profile, terms, groups=folds, linearisation=lin)
+    cv_single, cv_multi = cv.predicted[:len(cases)], cv.predicted[len(cases):]
     print()
-    s_cv = _line("cross-validated by layout (leave one (tp,dp,pp) out)", measured, cv.predicted, cases)
-    worst_class = _table("cross-validated by layout", cases, cv.predicted)
+    s_cv = _line("cross-validated by layout (leave one (tp,dp,pp) out), single-node", cases, cv_single)
+    worst_class = _table("cross-validated by layout (single-node)", cases, cv_single)
+    by_model, apart_cv = {}, {}
+    if multi:
+        print()
+        by_model = _by_model("cross-validated by model (leave one model out), multi-node", multi, cv_multi)
+        _table("cross-validated by model, per layout (multi-node)", multi, cv_multi,
+               key=lambda c: (c.key[1],) + c.key[2:], label="model,tp,dp,pp")
+        if apart:
+            for m in models:  # the runs set apart, predicted by the terms fitted without their model
+                fold_terms = cv.terms[next(k for k in keys if k[0] == MULTI and k[1] == m)]
+                mine = [c for c in apart if c.key[1] == m]
+                if mine:
+                    apart_cv[m] = step_fit.summary(np.array([c.measured for c in mine]),
+                                                   step_fit.predict_all(mine, profile, fold_terms))
+                    print(f"  set apart, {m}B, cross-validated: {apart_cv[m]['mean_signed']:+.1f}% "
+                          f"over {apart_cv[m]['runs']} run(s)")
+            everything_multi = multi + apart
+            with_apart = np.concatenate([cv_multi, [step_fit.predict_all(
+                [c], profile, cv.terms[next(k for k in keys if k[0] == MULTI and k[1] == c.key[1])])[0]
+                for c in apart]])
+            _by_model("cross-validated by model, every run included", everything_multi, with_apart)
     spread = {n: (min(getattr(t, n) for t in cv.terms.values()),
                   max(getattr(t, n) for t in cv.terms.values())) for n in FITTED}
-    print("\nterms across the layout folds (min .. max):")
+    print("\nterms across the folds (min .. max):")
     for n, (lo, hi) in spread.items():
-        print(f"  {n:>17} {lo:.6g} .. {hi:.6g}")
+        print(f"  {n:>22} {lo:.6g} .. {hi:.6g}")
 
     by = {}
     layouts = {c.key for c in cases}
-    for name, i in (("pipeline depth", 2), ("tensor-parallel width", 0)):
+    for name, i in (("pipeline depth", 3), ("tensor-parallel width", 1)):
         key = lambda c, i=i: c.key[i]
-        folds = [[k for k in layouts if k[i] == v] for v in sorted({k[i] for k in layouts})]
-        res = step_fit.cross_validate(cases, profile, terms, groups=folds, linearisation=lin)
+        # the multi-node runs stay in every fold's training set
+        folds_i = [[k for k in layouts if k[i] == v] for v in sorted({k[i] for k in layouts})]
+        res = step_fit.cross_validate(everything, profile, terms, groups=folds_i, linearisation=lin)
         print()
-        by[name] = _line(f"cross-validated by {name} (fit on the others)", measured, res.predicted, cases)
-        _table(f"cross-validated by {name}", cases, res.predicted, key=key, label=name.split()[0])
+        by[name] = _line(f"cross-validated by {name} (fit on the others), single-node", cases,
+                         res.predicted[:len(cases)])
+        _table(f"cross-validated by {name}", cases, res.predicted[:len(cases)], key=key,
+               label=name.split()[0])
 
-    shares = np.array([estimate(c.decomposition, profile, terms).extrapolated_share
-                       for c in cases])
-    interval = step_fit.interval_from_residuals(measured, cv.predicted, shares)
-    cover = _coverage(measured, cv.predicted, shares, interval)
-    print(f"\n80% interval from the layout-cross-validated residuals: x{interval['lo_ratio']:.3f} .. "
-          f"x{interval['hi_ratio']:.3f}, widened by {interval['widen_per_extrapolated']:.2f} per unit "
-          f"share of extrapolated time; coverage {cover:.1f}% of runs")
-    print(f"\nsummary: operator sum MAPE {step_fit.summary(measured, plain)['mape']:.2f}% -> "
-          f"cross-validated {s_cv['mape']:.2f}% (signed {s_cv['mean_signed']:+.2f}%), worst layout "
-          f"class {worst_class:.1f}%; vTrain's own simulator reports 8.37% on this set")
+    measured_s = np.array([c.measured for c in cases])
+    shares_s = _shares(cases, profile, terms)
+    coverage = {}
+    inside, level, cover, _, width = _held_out_interval(cases, cv_single, shares_s, lambda c: c.key)
+    coverage["inside a node"] = {"runs": len(cases), "level": level, "coverage": cover, "median_width": width}
+    print(f"\n80% interval, inside a node (single-node cross-validated residuals): "
+          f"x{inside['lo_ratio']:.3f} .. x{inside['hi_ratio']:.3f}, widened by "
+          f"{inside['widen_per_extrapolated']:.2f} per unit share of extrapolated time; central {level:.0%} of "
+          f"the residuals, the level at which each layout is covered {cover:.1f}% by the interval made "
+          f"from the others; median width {width:.1f}%")
+    across = None
+    if multi:
+        measured_m = np.array([c.measured for c in multi])
+        shares_m = _shares(multi, profile, terms)
+        # a job across nodes carries everything a job inside one does (operators, the host, the
+        # step terms) and the network besides: its interval stands on the single-node residuals
+        # and the multi-node ones together (two models alone cannot place an 80% interval: each
+        # one's spread says little of the other's)
+        across, level, cover, per_model, width = _held_out_interval(
+            multi, cv_multi, shares_m, lambda c: c.key[1], (measured_s, cv_single, shares_s))
+        coverage["across nodes"] = {"runs": len(multi), "level": level, "coverage": cover,
+                                    "median_width": width, "by_model": per_model}
+        print(f"80% interval, across nodes (single- and multi-node cross-validated residuals together): "
+              f"x{across['lo_ratio']:.3f} .. x{across['hi_ratio']:.3f}; central {level:.0%}, the level at which "
+              f"each model is covered by the interval from the single-node runs and the other model: "
+              f"{cover:.1f}% ("
+              + ", ".join(f"{m}B {c:.0f}%" for m, c in per_model.items())
+              + f"), median width {width:.1f}%")
+    print("one NIC per GPU: no measured runs; the across-nodes interval with its high end raised by "
+          "the job's inter-node share (step_terms.ONE_NIC_UPWARD), coverage not measurable here")
+    print(f"\nsummary: operator sum MAPE {step_fit.summary(measured_s, plain)['mape']:.2f}% -> "
+          f"single-node cross-validated {s_cv['mape']:.2f}% (signed {s_cv['mean_signed']:+.2f}%), worst "
+          f"layout class {worst_class:.1f}%; vTrain's own simulator reports 8.37% on this set"
+          + "".join(f"; {m}B by model {s['mape']:.2f}% ({s['mean_signed']:+.2f}%)" for m, s in by_model.items()))
     print(f"({time.perf_counter() - started:.0f} s)")
     for target in ([args.write_terms] if args.write_terms else []) + list(args.also_write):
-        _write_terms(Path(target), {
-            "terms": terms.to_dict(), "interval": interval,
-            "fitted_on": f"vTrain single-node A100 runs ({len(runs)} iterations) through {profile.name}",
+        section = {
+            "terms": terms.to_dict(), "interval": inside,
+            "fitted_on": (f"vTrain A100 runs: {len(cases)} single-node iterations through {profile.name}"
+                          + (f", {len(multi)} multi-node iterations through {mprof.name}" if multi else "")),
             "fitted_gpu": profile.facts.gpu_name,
             "other_gpu_widen": args.other_gpu_widen,
             "assumptions": devset.ASSUMPTIONS,
             "cross_validation": {"by_layout": s_cv, "worst_layout_class_mape": worst_class,
-                                 **{f"by_{k.replace(' ', '_')}": v for k, v in by.items()}},
+                                 **{f"by_{k.replace(' ', '_')}": v for k, v in by.items()},
+                                 "multi_node_by_model": by_model, "multi_node_set_apart": apart_cv},
+            "interval_coverage": coverage,
             "command": "python benchmarks/endtoend.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        })
+        }
+        if across is not None:
+            section["intervals"] = {"across_nodes": across}
+        _write_terms(Path(target), section)
     return 0
 
 

@@ -277,7 +277,14 @@ def collective_group(kind: str, phase: str, g: Groups) -> Optional[Tuple[int, in
     if phase in ("reduce_grads", "dp_allreduce") or (phase in ("optimizer_step", "step")
                                                      and kind == "allgather"):
         return placement(g.dp, g.mp, g.local_world) if g.dp > 1 else None
+    if kind == "allgather" and phase == "recv_grads" and g.stages > 1 and g.mp > 1:
+        # DeepSpeed's pipeline rebuilds its partitioned output there when grad_partitioned is
+        # off; in forward/backward (the default) the branch below places it the same way
+        return placement(g.mp, 1, g.local_world)
     if phase in ("forward", "backward"):
+        # tensor-parallel all-reduces; in a pipeline also the all-gathers that rebuild the
+        # activations and gradients DeepSpeed partitions over the tensor-parallel group for the
+        # p2p (the decomposition's pp_allgather)
         if g.mp > 1:
             return placement(g.mp, 1, g.local_world)
         if g.dp > 1 and g.stages == 1:  # ZeRO / DDP-style reduction hooks during backward

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from .engine_terms import EngineTerms
 from .operators import CommCall, Decomposition, OpCall, StageWork
 from .profile.protocol import Profile
-from .step_terms import StepTerms, of_profile
+from .step_terms import INSIDE_NODE, StepTerms, of_profile, regime_of
 from .timeline import StageCost, Timeline, simulate_1f1b
 
 
@@ -47,6 +47,10 @@ class StageTimes:
     optimizer: float
     param_allgather: float
     engine: float = 0.0  # seconds per iteration the engine terms add here (TP all-reduces aside)
+    # seconds per micro-batch of the all-gathers that rebuild the pipeline's partitioned
+    # activation (forward) and gradient (backward) over the tensor-parallel group; inside
+    # forward / backward, where the receiving rank spends them (operators._partition_allgathers)
+    pp_allgather: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,10 @@ class IterationEstimate:
     # per "op phase": the shape the profile's samples cover least well (any stage), when the
     # profile can tell (sampled, interpolated, in range, extrapolated and how far)
     coverage: Dict[str, Any] = field(default_factory=dict)
+    # where the job runs, which picks the interval (step_terms.REGIMES), and the share of the
+    # iteration the critical stage spends in collectives that cross nodes
+    regime: str = INSIDE_NODE
+    inter_node_share: float = 0.0
 
 
 _RANK = {"sampled": 0, "in range": 1, "interpolated": 1, "extrapolated": 2}
@@ -111,7 +119,7 @@ class _Cache:
             if pred.extrapolated:
                 self.extrapolated.add(key)
             self.memo[key] = self.terms.collective(call.purpose, call.nodes * call.gpus_per_node,
-                                                   float(pred.seconds))
+                                                   float(pred.seconds), call.nodes)
         return self.memo[key]
 
     def _operator_seconds(self, call: OpCall, seconds: float) -> float:
@@ -213,7 +221,8 @@ def _stage_times(work: StageWork, cache: _Cache, engine: Optional[EngineTerms] =
         send_activation=cache.time(work.send_activation) if work.send_activation else 0.0,
         send_gradient=cache.time(work.send_gradient) if work.send_gradient else 0.0,
         grad_allreduce=grad_sync, tied_allreduce=cache.total(work.tied_sync),
-        optimizer=optimizer, param_allgather=cache.total(work.param_allgather))
+        optimizer=optimizer, param_allgather=cache.total(work.param_allgather),
+        pp_allgather=cache.comm(work.forward, "pp_allgather") + cache.comm(work.backward, "pp_allgather"))
     if engine is None:
         return times
     plain = _stage_times(work, cache, None, pipeline_engine)
@@ -260,6 +269,22 @@ def _operator_seconds(work: StageWork, cache: _Cache,
     return {k: v for k, v in out.items() if v > 0}, extrapolated
 
 
+def _inter_node_seconds(work: StageWork, cache: _Cache, micro_batches: int) -> Optional[float]:
+    """Seconds per iteration one stage's ranks spend in collectives that cross nodes (its sends
+    and receives included: a pipeline send blocks both ends); None when none crosses."""
+    n, m = work.transformer_layers, micro_batches
+    runs = ((work.layer_forward, (n + work.recompute_layers) * m), (work.layer_backward, n * m),
+            (work.forward, m), (work.backward, m), (work.grad_sync, 1), (work.tied_sync, 1),
+            (work.param_allgather, 1), ((work.send_activation, work.send_gradient), m))
+    seconds, crosses = 0.0, False
+    for calls, times in runs:
+        for c in calls:
+            if isinstance(c, CommCall) and c.nodes > 1:
+                crosses = True
+                seconds += cache.time(c) * c.count * times
+    return seconds if crosses else None
+
+
 def estimate(decomp: Decomposition, profile: Profile, terms: Optional[StepTerms] = None,
              limits=None) -> IterationEstimate:
     """terms: the step terms to apply (default: the profile's own; fitting passes its trials).
@@ -268,7 +293,7 @@ def estimate(decomp: Decomposition, profile: Profile, terms: Optional[StepTerms]
     prices operators as the profile predicts them."""
     from .timeline import eq7_seconds
     engine = EngineTerms.of(profile, decomp)
-    own_terms, interval = of_profile(profile)
+    own_terms, intervals = of_profile(profile)
     cache = _Cache(profile, engine, own_terms if terms is None else terms, limits)
     times = [_stage_times(w, cache, engine, decomp.pipeline_engine) for w in decomp.stages]
     costs = [StageCost(forward=t.forward, backward=t.backward, send_activation=t.send_activation,
@@ -294,18 +319,24 @@ def estimate(decomp: Decomposition, profile: Profile, terms: Optional[StepTerms]
         "update": c.get("update_seconds", 0.0),
         "mp_allreduce": times[crit].mp_allreduce * m,
         "pp_p2p": c.get("pp_p2p_seconds", 0.0),
+        "pp_allgather": times[crit].pp_allgather * m,
         "tied_allreduce": max(t.tied_allreduce for t in times),
         "engine": max(t.engine for t in times),
     }
     operators, extrapolated = _operator_seconds(decomp.stages[crit], cache, m)
     seconds = tl.iteration_seconds
+    across = [s for s in (_inter_node_seconds(w, cache, m) for w in decomp.stages) if s is not None]
+    regime = regime_of(bool(across), decomp.gpus_per_node)
+    interval = intervals.of(regime) if intervals is not None else None
+    inter_share = min(max(across, default=0.0) / seconds, 1.0) if seconds > 0 else 0.0
     return IterationEstimate(
         iteration_seconds=seconds, timeline=tl, stages=tuple(times),
         breakdown=breakdown, operators=operators,
         flags=tuple(Flag(k, v, "capped" if k in cache.capped_only else "extrapolated")
                     for k, v in sorted(cache.flags.items())),
         eq7_seconds=eq7_seconds(costs, m),
-        interval_seconds=interval.around(seconds, extrapolated / seconds) if interval and seconds > 0
-        else None,
+        interval_seconds=interval.around(seconds, extrapolated / seconds, inter_share)
+        if interval and seconds > 0 else None,
         extrapolated_share=extrapolated / seconds if seconds > 0 else 0.0,
-        coverage=dict(sorted(cache.coverage.items())))
+        coverage=dict(sorted(cache.coverage.items())),
+        regime=regime, inter_node_share=inter_share)

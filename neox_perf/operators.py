@@ -10,7 +10,9 @@ and DeepSpeed's real code:
   branches share a single forward reduction. VocabParallelEmbedding reduces in forward; the
   column-parallel head reduces its input gradient in backward.
 - pipeline: DeepSpeed partitions the p2p activation over the tensor-parallel ranks
-  (PipelineEngine.is_pipe_partitioned = is_model_parallel), so each rank sends b*l*d/mp.
+  (PipelineEngine.is_pipe_partitioned = is_model_parallel), so each rank sends b*l*d/mp, and
+  all-gathers it back over the tensor-parallel group where it is needed (pp_allgather, see
+  _partition_allgathers).
 - data parallel (runtime/engine.py, runtime/zero/stage_1_and_2.py): without ZeRO the engine
   all-reduces the flattened gradients in MEMORY_OPT_ALLREDUCE_SIZE (5e8) buckets whatever the
   config says; ZeRO-1/2 all-reduce them whole in reduce_bucket_size buckets (reduce_scatter
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .config.specs import NeoxConfig
-from .opspec import op_bytes, op_flops
+from .opspec import FP16_BYTES, op_bytes, op_flops
 
 Features = Tuple[Tuple[str, float], ...]
 
@@ -59,7 +61,8 @@ class OpCall:
 @dataclass(frozen=True)
 class CommCall:
     kind: str  # allreduce | allgather | p2p
-    purpose: str  # mp_allreduce | dp_allreduce | dp_allgather | pp_p2p | tied_allreduce
+    # mp_allreduce | dp_allreduce | dp_allgather | pp_p2p | tied_allreduce | pp_allgather
+    purpose: str
     phase: str  # fwd | bwd | step
     elements: float  # fp16 elements per rank, as the collective samples define them
     nodes: int  # nodes the group spans
@@ -85,8 +88,10 @@ class StageWork:
     transformer_layers: int
     layer_forward: Tuple[object, ...]  # one transformer layer's fwd calls (count = per layer)
     layer_backward: Tuple[object, ...]
-    forward: Tuple[object, ...]  # non-layer fwd calls of the stage (embedding, head, loss)
-    backward: Tuple[object, ...]  # non-layer bwd calls
+    # non-layer calls of the stage per micro-batch (embedding, head, loss, and the all-gathers
+    # that rebuild the pipeline's partitioned tensors, which open its forward / backward)
+    forward: Tuple[object, ...]
+    backward: Tuple[object, ...]
     recompute_layers: int  # layers whose forward reruns in backward (activation checkpointing)
     send_activation: Optional[CommCall]
     send_gradient: Optional[CommCall]
@@ -111,6 +116,7 @@ class Decomposition:
     zero_stage: int = 0
     precision: str = ""  # what the run computes in (fp16 | bfloat16 | fp32)
     pipeline_engine: bool = False  # DeepSpeed's PipelineEngine (pipe_parallel_size >= 1) runs it
+    gpus_per_node: int = 1  # of the cluster the ranks are placed on
 
 
 def stage_shapes(derived, transformer_layers: Optional[Sequence[int]] = None) -> List[StageShape]:
@@ -151,6 +157,17 @@ def group_placement(size: int, stride: int, gpus_per_node: int,
             per[node] = per.get(node, 0) + 1
         worst = max(worst, (len(per), max(per.values())))
     return worst
+
+
+def p2p_placement(boundary: int, stage_ranks: int, gpus_per_node: int) -> Tuple[int, int]:
+    """(nodes, per node) of the sends between stage ``boundary`` and the next: each rank of the
+    stage sends to the rank ``stage_ranks`` after it (pipe is the outermost axis). The pairs run
+    in lockstep, so one pair across a node boundary puts the whole boundary across nodes; where a
+    stage is smaller than a node, some boundaries fall inside a node and some on its edge."""
+    first = boundary * stage_ranks
+    crosses = any(r // gpus_per_node != (r + stage_ranks) // gpus_per_node
+                  for r in range(first, first + min(stage_ranks, gpus_per_node)))
+    return (2, 1) if crosses else (1, 2)
 
 
 def _call(op: str, phase: str, count: float, scope: str, dtype_bytes: int, launches: int = 1,
@@ -269,6 +286,50 @@ def param_tensors(cfg: NeoxConfig, st: "StageShape") -> int:
     return n
 
 
+def _partition_allgathers(index: int, num_stages: int, mp: int, elements: float,
+                          mp_group: Tuple[int, int]) -> Tuple[Tuple[CommCall, ...], Tuple[CommCall, ...]]:
+    """(forward, backward) all-gathers of one micro-batch with which DeepSpeed's PipelineEngine
+    rebuilds the tensors it partitions over the tensor-parallel ranks for the p2p.
+
+    With model parallelism PipelineEngine sets is_pipe_partitioned and is_grad_partitioned
+    (deepspeed/runtime/pipe/engine.py: is_model_parallel and the config's pipeline
+    pipe_partitioned / grad_partitioned, both True by default; neither NeoX nor
+    Megatron-DeepSpeed changes them). The first tensor of a stage's output (the hidden
+    states) is split into mp equal chunks
+    (runtime/utils.py PartitionedTensor; b*l*d always divides by mp) and each rank sends its
+    own chunk. PartitionedTensor.full() gathers the chunks back with one all_gather_into_tensor
+    over the slice-parallel group (grid.get_slice_parallel_group(): the tensor-parallel ranks,
+    adjacent in DeepSpeed's rank order), each rank contributing b*l*d/mp elements:
+    - forward, every stage but the first: _exec_forward_pass gathers the received activation
+      before running its layers;
+    - backward, every stage but the last: _exec_backward_pass gathers its own output back
+      (its data was freed after the send, autograd needs it whole) and then the received
+      partitioned gradient, before running backward.
+    Both sit on the receiving rank's critical path, after the recv that fed them. Per
+    micro-batch: first stage 0 + 2, middle stages 1 + 2, last stage 1 + 0
+    (tests/workload/test_pipe_partition_collectives.py records them in the real engine).
+    Not priced (docs/pipeline-partitioning.md): the small meta tensor each partitioned send
+    adds (a latency per send, of the kind the fitted p2p step term carries), and the [1, 1, l, l] attention
+    mask NeoX's GPT2ModelPipe sends whole beside the activation (Megatron-DeepSpeed, which
+    the development set ran, keeps it out of the p2p)."""
+    if num_stages < 2 or mp < 2:
+        return (), ()
+    fwd = () if index == 0 else (CommCall("allgather", "pp_allgather", "fwd", elements, *mp_group,
+                                          1, "pipeline"),)
+    bwd = () if index == num_stages - 1 else (CommCall("allgather", "pp_allgather", "bwd", elements,
+                                                       *mp_group, 2, "pipeline"),)
+    return fwd, bwd
+
+
+def _partitioning_changed(cfg: NeoxConfig) -> bool:
+    """Whether the config hands DeepSpeed a pipeline section (NeoX merges deepspeed_extra_args
+    into the DeepSpeed config) that turns either partitioning off."""
+    extra = cfg.values.get("deepspeed_extra_args")
+    pipeline = extra.get("pipeline") if isinstance(extra, dict) else None
+    return isinstance(pipeline, dict) and any(
+        pipeline.get(k, True) is not True for k in ("pipe_partitioned", "grad_partitioned"))
+
+
 # deepspeed/runtime/constants.py: the bucket of the non-ZeRO gradient all-reduce
 MEMORY_OPT_ALLREDUCE_SIZE = 500000000
 
@@ -286,9 +347,17 @@ def _buckets(total: float, bucket: int) -> List[Tuple[float, int]]:
 
 
 def decompose(cfg: NeoxConfig, padded_vocab: int, stages: Sequence[StageShape],
-              precision: Optional[str] = None) -> Decomposition:
+              precision: Optional[str] = None, pipe_sends_mask: bool = True) -> Decomposition:
     """precision: what the run really computes in, when that is not the config's (the
-    reference workload runs fp32 on a CPU whatever the config asks); default the config's."""
+    reference workload runs fp32 on a CPU whatever the config asks); default the config's.
+
+    pipe_sends_mask: whether each forward send between stages carries the attention mask.
+    NeoX's pipeline layers pass (hidden, mask) tuples, and DeepSpeed's PipelineEngine casts
+    the [1, 1, l, l] bool mask to fp16 to send it with every activation ("NCCL does not like to
+    send torch.BoolTensor types", deepspeed/runtime/pipe/engine.py), unpartitioned: at l = 2048
+    that is 8 MiB per micro-batch, as much as a 20B model's activation chunk at mp 4, and it grows
+    with l^2. Megatron-DeepSpeed's GPTModelPipe keeps the mask in its args instead (the dev set's
+    runs: predictors/fitting/devset.py passes False)."""
     m, par, tr = cfg.model, cfg.parallel, cfg.training
     mp, dp, gpn = par.model_parallel_size, par.data_parallel_size, par.gpus_per_node
     run_precision = precision or tr.precision
@@ -298,8 +367,6 @@ def decompose(cfg: NeoxConfig, padded_vocab: int, stages: Sequence[StageShape],
     notes: List[str] = []
     mp_group = group_placement(mp, 1, gpn)
     dp_group = group_placement(dp, mp, gpn)
-    # Adjacent stages are mp*dp ranks apart: same node only if both fit in one.
-    p2p_nodes, p2p_gpn = (1, 2) if mp * dp * 2 <= gpn else (2, 1)
     layer_fwd, layer_bwd = _layer_calls(cfg, dt, mp_group, notes, run_precision)
     recompute = tr.checkpoint_activations
     # fp32_allreduce reduces 16-bit gradients in fp32: twice the bytes of the run's elements
@@ -324,11 +391,17 @@ def decompose(cfg: NeoxConfig, padded_vocab: int, stages: Sequence[StageShape],
             if mp > 1:
                 bwd.append(CommCall("allreduce", "mp_allreduce", "bwd", tokens * d, *mp_group, 1,
                                     "head"))
+        gather_fwd, gather_bwd = _partition_allgathers(st.index, len(stages), mp, tokens * d / mp,
+                                                       mp_group)
+        fwd[:0], bwd[:0] = gather_fwd, gather_bwd
         last = st.index == len(stages) - 1
-        send_act = None if last else CommCall("p2p", "pp_p2p", "fwd", tokens * d / mp,
-                                              p2p_nodes, p2p_gpn, 1, "pipeline")
+        # the fp16 mask counted in elements of the run's dtype, which the collective samples count in
+        mask = l * l * FP16_BYTES / dt if pipe_sends_mask else 0.0
+        send_act = None if last else CommCall("p2p", "pp_p2p", "fwd", tokens * d / mp + mask,
+                                              *p2p_placement(st.index, mp * dp, gpn), 1, "pipeline")
         send_grad = None if st.index == 0 else CommCall("p2p", "pp_p2p", "bwd", tokens * d / mp,
-                                                        p2p_nodes, p2p_gpn, 1, "pipeline")
+                                                        *p2p_placement(st.index - 1, mp * dp, gpn), 1,
+                                                        "pipeline")
         grad_sync: Tuple[CommCall, ...] = ()
         gather: Tuple[CommCall, ...] = ()
         if dp > 1:
@@ -359,10 +432,14 @@ def decompose(cfg: NeoxConfig, padded_vocab: int, stages: Sequence[StageShape],
             activation_elements=float(tokens * (d + mlp_widths(cfg)[0] // mp)),
             logits_elements=float(tokens * vocab) if st.has_head else 0.0,
             param_tensors=param_tensors(cfg, st), params_per_rank=st.params_per_rank))
+    if mp > 1 and len(stages) > 1 and _partitioning_changed(cfg):
+        notes.append("deepspeed_extra_args.pipeline changes pipe_partitioned/grad_partitioned: "
+                     "the p2p is predicted as DeepSpeed's default (partitioned over the "
+                     "tensor-parallel ranks, all-gathered on receipt)")
     if par.sequence_parallel and mp > 1:
         notes.append("sequence_parallel is predicted as plain tensor parallelism")
     if precision is None and tr.precision == "fp32":  # an explicit precision is the caller's word
         notes.append(FP32_FROM_FP16)
     return Decomposition(tuple(out), tr.gradient_accumulation_steps, dt, tuple(dict.fromkeys(notes)),
                          zero_stage=tr.zero_stage, precision=run_precision,
-                         pipeline_engine=par.pipe_parallel_size >= 1)
+                         pipeline_engine=par.pipe_parallel_size >= 1, gpus_per_node=gpn)

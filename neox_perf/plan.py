@@ -842,11 +842,14 @@ def dominant(est) -> str:
     c = est.timeline.components
     b = est.breakdown
     tp = b.get("mp_allreduce", 0.0)
+    # the pipeline's all-gathers of its partitioned tensors run inside forward / backward, but
+    # are the price of the stage-to-stage transfer, as the sends are
+    gather = b.get("pp_allgather", 0.0)
     parts = {
-        "compute": max(c.get("critical_compute_seconds", 0.0) - tp, 0.0),
+        "compute": max(c.get("critical_compute_seconds", 0.0) - tp - gather, 0.0),
         "TP-comm": tp,
         "bubble": c.get("bubble_seconds", 0.0),
-        "p2p": c.get("pp_p2p_seconds", 0.0),
+        "p2p": c.get("pp_p2p_seconds", 0.0) + gather,
         "DP-sync": (c.get("dp_allreduce_exposed", 0.0) + c.get("tied_allreduce_exposed", 0.0)
                     + max(c.get("update_seconds", 0.0) - b.get("optimizer", 0.0), 0.0)),
         "optimizer": b.get("optimizer", 0.0),

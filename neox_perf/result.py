@@ -23,6 +23,7 @@ class CheckResult:
     facts: Optional[ClusterFacts] = None  # the profile's, if --cluster
     profile_name: Optional[str] = None
     profile: Optional[Profile] = None  # the profile predicted with, if --cluster
+    network: Optional[object] = None  # network.NetworkReading of that profile's nodes
     derived: Optional[object] = None  # DerivedModel, unless a blocking error stopped derivation
     decomposition: Optional[object] = None
     estimate: Optional[object] = None  # IterationEstimate, when a profile was given
@@ -81,7 +82,7 @@ class CheckResult:
         cfg, d = self.config, self.derived
         out = {
             "files": list(cfg.files),
-            "cluster": _facts(self.facts, self.profile_name),
+            "cluster": _facts(self.facts, self.profile_name, self.network),
             "config": {"model": _plain(cfg.model), "parallel": _plain(cfg.parallel),
                        "training": _plain(cfg.training)},
             "derived": {
@@ -122,11 +123,12 @@ def _plain(obj):
     return obj
 
 
-def _facts(facts, name):
+def _facts(facts, name, network=None):
     if facts is None:
         return None
     data = _plain(facts)
     data["profile"] = name
+    data["network"] = network.to_dict() if network is not None else None
     return data
 
 
@@ -174,6 +176,8 @@ def _prediction(result: CheckResult) -> Optional[dict]:
         "stages": [_plain(s) for s in est.stages],
         "operators": dict(sorted(est.operators.items(), key=lambda kv: -kv[1])),
         "interval_seconds": list(est.interval_seconds) if est.interval_seconds else None,
+        "regime": est.regime,
+        "inter_node_share": est.inter_node_share,
         "extrapolated_share": est.extrapolated_share,
         "step_terms": _step_terms(result.profile),
         "extrapolated": [{"what": f.what, "reason": f.reason, "kind": f.kind} for f in est.flags],

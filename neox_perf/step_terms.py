@@ -2,10 +2,10 @@
 
 The published samples time each operator alone: the GPU span from its first kernel to its
 last, warmed up, nothing before or after it. A real step runs hundreds of operators back to
-back, and measured end-to-end iterations (predictors/devset.py) are systematically slower than
+back, and measured end-to-end iterations (predictors/fitting/devset.py) are systematically slower than
 that sum -- most where each kernel does little work (small hidden sizes, small micro-batches,
 wide tensor parallelism). The terms below are that difference, each with a physical meaning,
-fitted on measured end-to-end runs (predictors/step_fit.py) and cross-validated on layouts
+fitted on measured end-to-end runs (predictors/fitting/step_fit.py) and cross-validated on layouts
 they were not fitted on. A profile without them predicts the plain operator sum.
 
 Also here: the interval a profile's measured residuals put around every prediction, and the
@@ -15,7 +15,7 @@ manifest: neox_perf/profile/manifest.py).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from .errors import ProfileError, reading, text
@@ -24,7 +24,10 @@ from .errors import ProfileError, reading, text
 COMPUTE_BOUND = frozenset({"linear1", "linear2", "linear3", "linear4", "linear_final", "qk", "av",
                            "flash_attention"})
 FITTED = ("compute_scale", "memory_scale", "dispatch_s", "tp_sync_s", "p2p_s", "micro_batch_s",
-          "pipeline_micro_batch_s", "step_s", "queue_coupling")
+          "pipeline_micro_batch_s", "step_s", "queue_coupling", "dp_inter_node_scale")
+# the collectives of data parallelism: the whole job's gradient all-reduce after backward and
+# ZeRO's parameter all-gather after the step
+DATA_PARALLEL = frozenset({"dp_allreduce", "dp_allgather"})
 
 
 @dataclass(frozen=True)
@@ -45,13 +48,19 @@ class StepTerms:
     # how far a phase's host issue and device work fail to overlap where neither dominates:
     # 0 is a perfect queue (the longer of the two), 1 none (their sum); see issued()
     queue_coupling: float = 0.0
+    # in-situ time of a data-parallel collective that crosses nodes over its isolated prediction.
+    # It runs once per step with every rank of the job in it, after a long phase each rank ran
+    # on its own, through the whole fabric at once: multi-node runs show it well below what an
+    # isolated all-reduce of the same group reaches (tensor-parallel all-reduces across nodes,
+    # issued every layer, show no such loss: a fit that scales them too puts it at 0)
+    dp_inter_node_scale: float = 1.0
 
     def __post_init__(self):
         for f in fields(self):
             v = getattr(self, f.name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"step term {f.name} must be a finite number >= 0, got {v!r}")
-        if self.compute_scale <= 0 or self.memory_scale <= 0:
+        if self.compute_scale <= 0 or self.memory_scale <= 0 or self.dp_inter_node_scale <= 0:
             raise ValueError("step term scales must be > 0")
 
     @property
@@ -86,10 +95,13 @@ class StepTerms:
     def per_micro_batch(self, pipeline_engine: bool) -> float:
         return self.micro_batch_s + (self.pipeline_micro_batch_s if pipeline_engine else 0.0)
 
-    def collective(self, purpose: str, ranks: int, seconds: float) -> float:
-        """In-situ seconds of a collective the samples time at `seconds` in isolation."""
+    def collective(self, purpose: str, ranks: int, seconds: float, nodes: int = 1) -> float:
+        """In-situ seconds of a collective of `ranks` ranks over `nodes` nodes that the samples
+        (or the link model) time at `seconds` in isolation."""
         if seconds <= 0:
             return seconds
+        if purpose in DATA_PARALLEL and nodes > 1:
+            return seconds * self.dp_inter_node_scale
         if purpose == "mp_allreduce":
             return seconds + self.tp_sync_s * math.log2(max(ranks, 2))
         if purpose == "pp_p2p":
@@ -114,26 +126,93 @@ class Interval:
     lo_ratio: float  # 10th percentile of measured / predicted
     hi_ratio: float  # 90th percentile
     widen_per_extrapolated: float = 0.0  # extra relative width per unit share of extrapolated time
+    # extra relative height of the high end per unit share of the iteration spent in collectives
+    # that cross nodes: where the evidence is an uncertainty and not a measured term (a fabric
+    # nobody measured under a real job), the interval is skewed upward, not the point moved
+    upward_per_inter_node: float = 0.0
 
-    def around(self, seconds: float, extrapolated_share: float = 0.0) -> Tuple[float, float]:
+    def around(self, seconds: float, extrapolated_share: float = 0.0,
+               inter_node_share: float = 0.0) -> Tuple[float, float]:
         w = self.widen_per_extrapolated * max(0.0, min(1.0, extrapolated_share))
-        return seconds * self.lo_ratio / (1.0 + w), seconds * self.hi_ratio * (1.0 + w)
+        up = self.upward_per_inter_node * max(0.0, min(1.0, inter_node_share))
+        return seconds * self.lo_ratio / (1.0 + w), seconds * self.hi_ratio * (1.0 + w) * (1.0 + up)
+
+    def widened(self, relative: float) -> "Interval":
+        """Both ends moved out by ``relative`` (terms fitted on another GPU)."""
+        return replace(self, lo_ratio=self.lo_ratio / (1 + relative), hi_ratio=self.hi_ratio * (1 + relative))
+
+    def to_dict(self) -> Dict[str, float]:
+        # the upward skew is a regime's (Intervals.of), never fitted: stored only where set
+        out = asdict(self)
+        if not self.upward_per_inter_node:
+            del out["upward_per_inter_node"]
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Interval":
         lo, hi = float(data["lo_ratio"]), float(data["hi_ratio"])
         if not (0 < lo <= 1.0 <= hi and math.isfinite(hi)):
             raise ValueError(f"interval ratios must satisfy 0 < lo <= 1 <= hi, got {lo}, {hi}")
-        return cls(lo, hi, float(data.get("widen_per_extrapolated", 0.0)))
+        up = float(data.get("upward_per_inter_node", 0.0))
+        if not (math.isfinite(up) and up >= 0):
+            raise ValueError(f"upward_per_inter_node must be a finite number >= 0, got {up}")
+        return cls(lo, hi, float(data.get("widen_per_extrapolated", 0.0)), up)
 
-    def to_dict(self) -> Dict[str, float]:
-        return asdict(self)
+
+# Where a job runs, for its interval: the residuals differ by regime (cross-validated in
+# benchmarks/endtoend.py), so each regime carries its own. Transferred to another GPU, every
+# regime's interval widens (of_profile).
+INSIDE_NODE, ACROSS_NODES, ONE_NIC_PER_GPU = "inside a node", "across nodes", "one NIC per GPU"
+REGIMES = (INSIDE_NODE, ACROSS_NODES, ONE_NIC_PER_GPU)
+# One GPU (and one NIC) per node: every tensor-parallel, pipeline and data-parallel collective
+# crosses the fabric. No measured runs of such a cluster are in the development sets, and the
+# public evidence is an uncertainty, not a term: the published samples already run at 92-96% of
+# the NIC's line rate, so a real run can only be slower; NCCL keeps GPUDirect RDMA off by default
+# on GH200, where the NIC sits behind the Grace CPU (NVIDIA/nccl issue 1579); fabric noise at
+# scale costs all-reduces up to half their bandwidth (arXiv 2408.14090), i.e. up to twice their
+# time. So such a job's interval is the across-nodes one with its high end raised by the
+# iteration's inter-node share, once more (x2 on that share).
+ONE_NIC_UPWARD = 1.0
+
+
+def regime_of(crosses_nodes: bool, gpus_per_node: int) -> str:
+    if not crosses_nodes:
+        return INSIDE_NODE
+    return ONE_NIC_PER_GPU if gpus_per_node == 1 else ACROSS_NODES
+
+
+@dataclass(frozen=True)
+class Intervals:
+    """A profile's 80% interval per regime."""
+
+    inside_node: Interval
+    across_nodes: Interval
+
+    def of(self, regime: str) -> Interval:
+        if regime == INSIDE_NODE:
+            return self.inside_node
+        if regime == ACROSS_NODES:
+            return self.across_nodes
+        if regime == ONE_NIC_PER_GPU:
+            return replace(self.across_nodes, upward_per_inter_node=ONE_NIC_UPWARD)
+        raise ValueError(f"unknown regime {regime!r}; known: {', '.join(REGIMES)}")
+
+    def widened(self, relative: float) -> "Intervals":
+        return Intervals(self.inside_node.widened(relative), self.across_nodes.widened(relative))
+
+    @classmethod
+    def single(cls, interval: Interval) -> "Intervals":
+        """One interval for every regime (a profile measured on one machine only)."""
+        return cls(interval, interval)
+
 
 
 REFIT = "refit them (benchmarks/endtoend.py --write-terms, or `neox-perf calibrate --from-run`)"
 # the section's keys in the order its writers write them (benchmarks/endtoend.py)
-SECTION_ORDER = ("terms", "interval", "fitted_on", "fitted_gpu", "other_gpu_widen", "assumptions",
-                 "cross_validation", "command")
+SECTION_ORDER = ("terms", "interval", "intervals", "fitted_on", "fitted_gpu", "other_gpu_widen",
+                 "assumptions", "cross_validation", "interval_coverage", "command")
+# regimes whose interval the section stores beside `interval` (inside a node), by key
+STORED_REGIMES = {"across_nodes": ACROSS_NODES}
 
 
 @dataclass(frozen=True)
@@ -142,12 +221,16 @@ class StepTermsSection:
     cross-validated residuals put around a prediction, and where both were fitted."""
 
     terms: Optional[StepTerms] = None  # None: the plain sum of operator predictions
-    interval: Optional[Interval] = None
+    interval: Optional[Interval] = None  # inside a node (older sections: every regime)
+    intervals: Optional[Mapping[str, Interval]] = None  # other regimes', by STORED_REGIMES key
     fitted_on: Optional[str] = None  # what the terms were fitted on, for the reports
     fitted_gpu: Optional[str] = None  # the GPU of those runs (the interval widens on another)
     other_gpu_widen: Optional[float] = None  # relative widening of the interval on another GPU
     cross_validation: Optional[Mapping[str, Any]] = None  # the fit's cross-validated errors
     extra: Mapping[str, Any] = field(default_factory=dict)  # assumptions, command, ... as written
+    # the terms as the file wrote them: written back while they still say the same (a section
+    # written before a term existed lacks it, and reads it at its default)
+    terms_as_read: Optional[Mapping[str, Any]] = field(default=None, compare=False, repr=False)
 
     @classmethod
     def parse(cls, data: Mapping[str, Any], where: str = "step_terms") -> "StepTermsSection":
@@ -158,6 +241,16 @@ class StepTermsSection:
             out["terms"] = None if data.get("terms") is None else StepTerms.from_dict(data["terms"])
         with reading(f"{where}.interval", REFIT):
             out["interval"] = None if data.get("interval") is None else Interval.from_dict(data["interval"])
+        regimes = data.get("intervals")
+        if regimes is not None:
+            if not isinstance(regimes, Mapping) or set(regimes) - set(STORED_REGIMES):
+                raise ProfileError(f"{where}.intervals", "not a mapping of "
+                                   + ", ".join(STORED_REGIMES) + " to intervals", REFIT)
+            parsed = {}
+            for key, value in regimes.items():
+                with reading(f"{where}.intervals.{key}", REFIT):
+                    parsed[key] = Interval.from_dict(value)
+            out["intervals"] = parsed
         for key, kind in (("fitted_on", text), ("fitted_gpu", text), ("other_gpu_widen", float)):
             with reading(f"{where}.{key}", REFIT):
                 out[key] = None if data.get(key) is None else kind(data[key])
@@ -165,19 +258,34 @@ class StepTermsSection:
         if cv is not None and not isinstance(cv, Mapping):
             raise ProfileError(f"{where}.cross_validation", "not a mapping", REFIT)
         return cls(**out, cross_validation=cv,
-                   extra={k: v for k, v in data.items() if k not in _TYPED})
+                   extra={k: v for k, v in data.items() if k not in _TYPED},
+                   terms_as_read=data.get("terms"))
 
     def to_dict(self) -> Dict[str, Any]:
         values: Dict[str, Any] = dict(self.extra)
         for key in _TYPED:
             v = getattr(self, key)
-            if v is not None:
+            if key == "intervals" and v is not None:
+                values[key] = {k: iv.to_dict() for k, iv in v.items()}
+            elif key == "terms" and v is not None and self.terms_as_read is not None \
+                    and StepTerms.from_dict(self.terms_as_read) == v:
+                values[key] = self.terms_as_read
+            elif v is not None:
                 values[key] = v.to_dict() if hasattr(v, "to_dict") else v
         return {**{k: values[k] for k in SECTION_ORDER if k in values},
                 **{k: v for k, v in values.items() if k not in SECTION_ORDER}}
 
 
-_TYPED = tuple(f.name for f in fields(StepTermsSection) if f.name != "extra")
+    def regime_intervals(self) -> Optional[Intervals]:
+        """The interval of every regime: inside a node from `interval`, across nodes from
+        `intervals.across_nodes` (the inside one where a section has none)."""
+        if self.interval is None:
+            return None
+        across = (self.intervals or {}).get("across_nodes")
+        return Intervals(self.interval, across or self.interval)
+
+
+_TYPED = tuple(f.name for f in fields(StepTermsSection) if f.name not in ("extra", "terms_as_read"))
 
 
 # A calibrated profile's own validation runs (neox_perf/profile_validation.py, the manifest's
@@ -185,14 +293,14 @@ _TYPED = tuple(f.name for f in fields(StepTermsSection) if f.name != "extra")
 VALIDATION_MIN_RUNS = 5  # an 80% interval needs a tail on each side: fewer cannot place one
 
 
-def of_profile(profile) -> Tuple[StepTerms, Optional[Interval]]:
-    """The step terms and interval a profile's manifest carries (identity and None without);
+def of_profile(profile) -> Tuple[StepTerms, Optional[Intervals]]:
+    """The step terms and intervals a profile's manifest carries (identity and None without);
     a calibrated profile's interval from its own validation runs comes first. ``profile``: a
     neox_perf.profile.protocol.Profile.
 
     Terms measured on one GPU and applied to another (a description transferred to another
     GPU, or a profile whose end-to-end runs came from elsewhere) keep their values, but the
-    interval widens by the section's `other_gpu_widen`: the operator error measured when one
+    intervals widen by the section's `other_gpu_widen`: the operator error measured when one
     GPU's samples predict another's (benchmarks/transfer_gpu.py)."""
     manifest = profile.manifest
     section = manifest.step_terms or StepTermsSection()
@@ -200,15 +308,13 @@ def of_profile(profile) -> Tuple[StepTerms, Optional[Interval]]:
     own = manifest.validation
     if own is not None and own.interval is not None and len(own.runs) >= VALIDATION_MIN_RUNS:
         # measured on this profile's own machine: nothing to widen for another GPU
-        return terms, own.interval
-    interval = section.interval
-    if interval is not None and section.fitted_gpu:
+        return terms, Intervals.single(own.interval)
+    intervals = section.regime_intervals()
+    if intervals is not None and section.fitted_gpu:
         gpu = profile.facts.gpu_name
         if gpu and not _same_gpu(section.fitted_gpu, gpu):
-            widen = section.other_gpu_widen or 0.0
-            interval = Interval(interval.lo_ratio / (1 + widen), interval.hi_ratio * (1 + widen),
-                                interval.widen_per_extrapolated)
-    return terms, interval
+            intervals = intervals.widened(section.other_gpu_widen or 0.0)
+    return terms, intervals
 
 
 def _same_gpu(a: str, b: str) -> bool:

@@ -52,8 +52,12 @@ __all__ = [
 class StageCost:
     """Seconds, for one pipeline stage as seen by one of its ranks."""
 
-    forward: float  # one micro-batch forward incl. its tensor-parallel all-reduces
-    backward: float  # one micro-batch backward incl. recompute when activation checkpointing is on
+    # one micro-batch forward incl. its tensor-parallel all-reduces and, past the first stage,
+    # the all-gather of its partitioned input (DeepSpeed runs it inside ForwardPass, after the recv)
+    forward: float
+    # one micro-batch backward incl. recompute when activation checkpointing is on and, before
+    # the last stage, the all-gathers of its partitioned output and received gradient
+    backward: float
     send_activation: float  # p2p send of one micro-batch's activation to the next stage (ignored on the last)
     send_gradient: float  # p2p send of one micro-batch's input-gradient to the previous stage (ignored on the first)
     grad_allreduce: float  # data-parallel gradient all-reduce of this stage's parameters (0 when dp == 1)

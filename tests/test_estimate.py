@@ -178,3 +178,35 @@ def test_fp32_is_priced_at_the_gpus_fp32_rate(write_yaml):
     F, v = op_flops("layernorm", "fwd", f), 19.5e12
     want = (F / v + op_bytes("layernorm", "fwd", f, 4) / w) / (F / v + op_bytes("layernorm", "fwd", f, 2) / w)
     assert norm == pytest.approx(want, rel=1e-6) and 1.5 < norm <= 2
+
+
+
+def test_partition_gathers_are_spent_by_the_receiving_stage(write_yaml):
+    """pp 2 x mp 2: stage 1 all-gathers its input inside each forward, stage 0 its output and
+    the received gradient inside each backward; the breakdown and the operator table name
+    them, and taking them out of the decomposition takes exactly that time off."""
+    from dataclasses import replace
+
+    from neox_perf.operators import CommCall
+    cfg, _, _ = build(load_files([write_yaml("c.yml", BASE + "pipe_parallel_size: 2\nmodel_parallel_size: 2\n"
+                                            "gradient_accumulation_steps: 4\n")]),
+                      WorldRequest(gpus=4, gpus_per_node=4))
+    shapes = [StageShape(i, 4, i == 0, i == 1, 1_000_000) for i in range(2)]
+    decomp = decompose(cfg, 50304, shapes)
+    est = estimate(decomp, RooflineProfile())
+    g = RooflineProfile().predict_collective("allgather", 2 * 256 * 512 / 2, 1, 2).seconds
+    first, last = est.stages
+    assert (first.pp_allgather, last.pp_allgather) == (pytest.approx(2 * g), pytest.approx(g))
+    assert est.breakdown["pp_allgather"] == pytest.approx(4 * est.stages[est.timeline.critical_stage].pp_allgather)
+    crit = est.timeline.critical_stage
+    assert est.operators[f"pp_allgather {'bwd' if crit == 0 else 'fwd'}"] == pytest.approx(
+        4 * est.stages[crit].pp_allgather)
+
+    def strip(calls):
+        return tuple(c for c in calls if not (isinstance(c, CommCall) and c.purpose == "pp_allgather"))
+    bare = estimate(replace(decomp, stages=tuple(replace(s, forward=strip(s.forward), backward=strip(s.backward))
+                                                 for s in decomp.stages)), RooflineProfile())
+    assert last.forward - bare.stages[1].forward == pytest.approx(g)
+    assert first.backward - bare.stages[0].backward == pytest.approx(2 * g)
+    assert (first.forward, last.backward) == (bare.stages[0].forward, bare.stages[1].backward)
+    assert est.iteration_seconds > bare.iteration_seconds

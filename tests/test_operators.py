@@ -129,8 +129,12 @@ def test_pipeline_p2p_and_dp_buckets(write_yaml):
     cfg = cfg_of(write_yaml, "pipe_parallel_size: 2\nmodel_parallel_size: 2\n", gpus=8, gpn=4)
     d = decompose(cfg, 51200, shapes(2, params=2_500_000))
     first, last = d.stages
-    assert first.send_activation.elements == 2 * 256 * 512 / 2 and last.send_activation is None
-    assert first.send_gradient is None and last.send_gradient is not None
+    # this rank's activation chunk, and NeoX's [1, 1, l, l] attention mask sent whole beside it
+    assert first.send_activation.elements == 2 * 256 * 512 / 2 + 256 * 256 and last.send_activation is None
+    assert first.send_gradient is None and last.send_gradient.elements == 2 * 256 * 512 / 2
+    # a framework whose stages keep the mask to themselves (Megatron-DeepSpeed) sends the chunk
+    bare = decompose(cfg, 51200, shapes(2, params=2_500_000), pipe_sends_mask=False)
+    assert bare.stages[0].send_activation.elements == 2 * 256 * 512 / 2
     # mp*dp = 4 ranks per stage fill a 4-GPU node: the neighbour stage is on another node.
     assert (first.send_activation.nodes, first.send_activation.gpus_per_node) == (2, 1)
     sizes = [(c.elements, c.count) for c in first.grad_sync]
@@ -152,3 +156,42 @@ def test_tied_embedding_sync_only_across_stages(write_yaml):
     assert all(len(s.tied_sync) == 1 for s in d.stages)
     cfg = cfg_of(write_yaml, "pipe_parallel_size: 2\nno_weight_tying: true\n", gpus=2)
     assert all(not s.tied_sync for s in decompose(cfg, 50304, shapes(2)).stages)
+
+
+def test_partitioned_p2p_is_all_gathered_on_receipt(write_yaml):
+    # DeepSpeed's PipelineEngine with mp > 1: a stage past the first gathers its input in
+    # forward; a stage before the last gathers its own output and the received gradient in
+    # backward; each rank contributes its b*l*d/mp chunk, over the tensor-parallel group
+    cfg = cfg_of(write_yaml, "pipe_parallel_size: 3\nmodel_parallel_size: 2\nnum_layers: 9\n",
+                 gpus=12, gpn=4)
+    d = decompose(cfg, 51200, shapes(3, layers=9))
+    chunk = 2 * 256 * 512 / 2
+    for st, (n_fwd, n_bwd) in zip(d.stages, [(0, 2), (1, 2), (1, 0)]):
+        fwd, bwd = comm(st.forward, "pp_allgather"), comm(st.backward, "pp_allgather")
+        assert sum(c.count for c in fwd) == n_fwd and sum(c.count for c in bwd) == n_bwd
+        for c in fwd + bwd:
+            assert (c.kind, c.elements, c.nodes, c.gpus_per_node) == ("allgather", chunk, 1, 2)
+        assert st.send_gradient is None or st.send_gradient.elements == chunk
+    # wider than a node, the group crosses nodes as the tensor-parallel all-reduce does
+    cfg = cfg_of(write_yaml, "pipe_parallel_size: 2\nmodel_parallel_size: 8\nnum_attention_heads: 16\n",
+                 gpus=16, gpn=4)
+    gather = comm(decompose(cfg, 51200, shapes(2)).stages[1].forward, "pp_allgather")[0]
+    assert (gather.nodes, gather.gpus_per_node, gather.elements) == (2, 4, 2 * 256 * 512 / 8)
+
+
+@pytest.mark.parametrize("extra,gpus", [("pipe_parallel_size: 2\n", 2),
+                                        ("model_parallel_size: 2\n", 2),
+                                        ("pipe_parallel_size: 1\nmodel_parallel_size: 2\n", 2)])
+def test_no_partition_gather_without_both_pipeline_and_tensor_parallelism(write_yaml, extra, gpus):
+    cfg = cfg_of(write_yaml, extra, gpus=gpus)
+    n = max(cfg.parallel.pipe_parallel_size, 1)
+    for st in decompose(cfg, 51200, shapes(n)).stages:
+        assert not comm(st.forward + st.backward, "pp_allgather")
+
+
+def test_turning_partitioning_off_is_noted(write_yaml):
+    extra = ("pipe_parallel_size: 2\nmodel_parallel_size: 2\n"
+             "deepspeed_extra_args: {pipeline: {grad_partitioned: false}}\n")
+    assert any("grad_partitioned" in n for n in decompose(cfg_of(write_yaml, extra), 51200, shapes(2)).notes)
+    plain = cfg_of(write_yaml, "pipe_parallel_size: 2\nmodel_parallel_size: 2\n")
+    assert not any("partitioned" in n for n in decompose(plain, 51200, shapes(2)).notes)

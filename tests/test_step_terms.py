@@ -8,7 +8,7 @@ from neox_perf.estimate import estimate
 from neox_perf.predict import load_cluster, predict
 from neox_perf.predictors.fitting import devset, step_fit
 from neox_perf.profile.manifest import Manifest
-from neox_perf.step_terms import FITTED, Interval, StepTerms, StepTermsSection, of_profile
+from neox_perf.step_terms import FITTED, REGIMES, Interval, StepTerms, StepTermsSection, of_profile
 
 
 def _run(**kw):
@@ -184,9 +184,11 @@ def test_interval_covers_what_it_promises():
 
 def test_bundled_profile_carries_fitted_terms_and_interval():
     prof = load_cluster("perlmutter-a100-80gb")
-    terms, interval = of_profile(prof)
+    terms, intervals = of_profile(prof)
     assert not terms.identity, "run benchmarks/endtoend.py --write-terms to fit the step terms"
-    assert interval is not None and interval.lo_ratio < 1 < interval.hi_ratio
+    for regime in REGIMES:
+        interval = intervals.of(regime)
+        assert interval.lo_ratio < 1 < interval.hi_ratio
     section = prof.manifest.to_dict()["step_terms"]
     assert section["cross_validation"]["by_layout"]["runs"] > 0
 
@@ -240,5 +242,7 @@ def test_interval_widens_on_a_gpu_the_terms_were_not_fitted_on():
                  "fitted_gpu": "NVIDIA A100-SXM4-80GB", "other_gpu_widen": 0.1}))
     _, same = of_profile(P("A100-SXM4-80GB"))
     _, other = of_profile(P("NVIDIA GH200 120GB"))
-    assert (same.lo_ratio, same.hi_ratio) == (0.9, 1.1)
-    assert other.lo_ratio == pytest.approx(0.9 / 1.1) and other.hi_ratio == pytest.approx(1.21)
+    for regime in REGIMES:  # an older section's one interval serves every regime
+        assert (same.of(regime).lo_ratio, same.of(regime).hi_ratio) == (0.9, 1.1)
+        assert other.of(regime).lo_ratio == pytest.approx(0.9 / 1.1)
+        assert other.of(regime).hi_ratio == pytest.approx(1.21)

@@ -6,6 +6,7 @@ import os
 from ..config import WorldRequest, build, load_files, raw_vocab
 from ..config.loader import apply_sets
 from ..errors import UsageError
+from ..network import reading as network_reading
 from ..result import CheckResult
 
 
@@ -25,7 +26,8 @@ def run_check(args) -> CheckResult:
     search = [os.path.dirname(vocab_source)] if vocab_source else []
     vocab = raw_vocab(cfg.model.tokenizer_type, cfg.model.vocab_file, args.vocab_size, search)
     result = CheckResult(config=cfg, vocab=vocab, warnings=warnings, facts=facts,
-                         profile_name=profile.name if profile is not None else None, profile=profile)
+                         profile_name=profile.name if profile is not None else None, profile=profile,
+                         network=network_reading(profile) if profile is not None else None)
     if args.max_iteration_seconds is not None and profile is None:
         raise UsageError("--max-iteration-seconds needs --cluster to predict the iteration time")
     if any(v.level == "error" and v.code in _BLOCKING for v in verdicts):

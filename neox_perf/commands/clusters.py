@@ -26,6 +26,7 @@ def run_clusters(args) -> ClustersResult:
     if getattr(args, "gpus", False):
         from ..predictors.gpus import GPUS
         return ClustersResult(gpus=[g.to_dict() for g in GPUS])
+    from ..network import reading as network_reading
     from ..predictors.profile import list_profiles, load_profile
     rows = []
     for info in list_profiles():
@@ -40,5 +41,7 @@ def run_clusters(args) -> ClustersResult:
             "kind": "description" if info.description else "sampled",
             "base": transfer.get("base_profile"),
             "samples_gpu": transfer.get("samples_gpu"),
+            "measured": prof.manifest.provenance.measured if prof.manifest.provenance else None,
+            "network": (lambda r: r.to_dict() if r is not None else None)(network_reading(prof)),
         })
     return ClustersResult(rows)

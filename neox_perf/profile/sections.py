@@ -60,13 +60,16 @@ class Provenance:
 
     source: Optional[str] = None
     license: Optional[str] = None
+    # when its samples were measured (a date, or the publication they came with): a profile is
+    # as current as the network and software its samples ran on (neox_perf/network.py)
+    measured: Optional[str] = None
     store: Optional[str] = None  # the calibration store a calibrated profile was fitted from
     device_id: Optional[int] = None  # the store's device it was fitted on
     recalibrated: Optional[Mapping[str, Any]] = None  # a level correction: from what, by which run
     from_runs: Optional[Tuple[Mapping[str, Any], ...]] = None  # runs merged by a refit, oldest first
     extra: Mapping[str, Any] = field(default_factory=dict)  # files, fingerprint, runs, ...
 
-    ORDER = ("source", "license", "license_files", "sample_dir", "device_string", "store", "samples",
+    ORDER = ("source", "license", "measured", "license_files", "sample_dir", "device_string", "store", "samples",
              "device_id", "fingerprint", "runs", "files", "recalibrated", "from_runs")
 
     @classmethod
@@ -77,6 +80,7 @@ class Provenance:
             runs = None if runs is None else tuple(dict(mapping(r, f"{where}.from_runs")) for r in runs)
         rec = data.get("recalibrated")
         return cls(source=_optional(data, "source", text, where), license=_optional(data, "license", text, where),
+                   measured=_optional(data, "measured", text, where),
                    store=_optional(data, "store", text, where), device_id=_optional(data, "device_id", int, where),
                    recalibrated=None if rec is None else dict(mapping(rec, f"{where}.recalibrated")),
                    from_runs=runs, extra={k: v for k, v in data.items() if k not in _typed(cls)})

@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..config.verdicts import LEVELS
+from ..network import DESCRIBE_YOUR_NODES
 from .op_names import PHASES, neox_name, split
 
 GIB = 2 ** 30
@@ -100,6 +101,11 @@ def render(result, console) -> None:
                                 f"{f.gpus_per_node} GPUs/node")
         if f.samples_from:
             head.add_row("samples", f.samples_from)
+        if result.network is not None:
+            net = result.network.line()
+            if result.network.how == "sampled":  # the nodes the samples ran on, not yours
+                net += f"; for other nodes, describe them (see {DESCRIBE_YOUR_NODES})"
+            head.add_row("network", net)
     if d is not None:
         head.add_row("parameters", f"{d.params.unique:,} total ({_n(d.params.unique)}); "
                                    f"NeoX logs {d.params.neox_logged:,}")
@@ -141,7 +147,7 @@ def _render_prediction(result, console) -> None:
     grid.add_column()
     iv = pred.get("interval_seconds")
     grid.add_row("iteration", f"{_s(est.iteration_seconds)}"
-                 + (f"  80% interval {_s(iv[0])} .. {_s(iv[1])}" if iv else "  (no interval: the "
+                 + (f"  80% interval {_s(iv[0])} .. {_s(iv[1])} ({est.regime})" if iv else "  (no interval: the "
                     "profile carries no measured end-to-end residuals)")
                  + f"  (the closed form of arXiv 2509.22832, Eq. 7: {_s(est.eq7_seconds)})")
     grid.add_row("throughput", f"{pred['tokens_per_second']:,.0f} tokens/s"

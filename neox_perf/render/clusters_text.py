@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 from rich import box
+
+from ..network import DESCRIBE_YOUR_NODES
 from rich.table import Table
 
 
@@ -18,17 +20,26 @@ def render(result, console) -> None:
         _render_gpus(result.gpus, console)
         return
     table = Table(title="Cluster profiles", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-    for col in ("name", "GPU", "memory", "GPUs/node", "links", "samples"):
-        table.add_column(col, no_wrap=col in ("name", "memory", "GPU"))
+    for col in ("name", "GPU", "memory", "GPUs/node", "between nodes"):
+        table.add_column(col, no_wrap=col != "between nodes")
     for p in result.profiles:
-        samples = (f"transferred from {p['base']} ({p['samples_gpu']})" if p.get("kind") == "description"
-                   else str(p["provenance"]).split(";")[0].split(" (")[0])
+        net = p.get("network")
+        between = _link(p["inter_node_link"]) + (
+            "" if not net else f", all-reduce {net['allreduce_bus_GBps']:.1f} GB/s"
+            + (" as sampled" if net["how"] == "sampled" else " (link model)"))
         table.add_row(p["name"], p["gpu"].replace("NVIDIA ", ""), f"{p['gpu_memory_bytes'] / 2**30:.0f} GiB",
-                      str(p["gpus_per_node"]), f"{_link(p['intra_node_link'])} / {_link(p['inter_node_link'])}",
-                      samples)
+                      str(p["gpus_per_node"]), between)
     console.print(table)
-    console.print("A cluster description YAML (see neox_perf/examples/clusters/) works wherever a "
-                  "profile name does; `neox-perf clusters --gpus` lists the GPUs it can name.")
+    for p in result.profiles:
+        samples = (f"samples of {p['base']} ({p['samples_gpu']}) transferred by a description"
+                   if p.get("kind") == "description" else str(p["provenance"]).split(";")[0])
+        net = p.get("network") or {}
+        when = net.get("measured") or p.get("measured")
+        console.print(f"  {p['name']}: {samples}" + (f"; measured {when}" if when else ""))
+    console.print("Between nodes: the bus bandwidth of a 1 GiB all-reduce over two nodes, per GPU, as "
+                  "the profile predicts it: a sampled profile predicts the network its samples ran on. "
+                  f"For your own nodes, a cluster description YAML (see {DESCRIBE_YOUR_NODES}) works "
+                  "wherever a profile name does; `neox-perf clusters --gpus` lists the GPUs it can name.")
 
 
 def _render_gpus(rows, console) -> None:

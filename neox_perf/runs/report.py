@@ -19,6 +19,12 @@ from . import files as runfiles
 from .files import read_iterations
 
 
+# The hook's ranges (hooks/engine_patch.py) in which DeepSpeed's PipelineEngine all-gathers the
+# tensors it partitions for the p2p: ForwardPass and BackwardPass, and RecvGrad where a config
+# turns grad_partitioned off (operators._partition_allgathers).
+PARTITION_GATHER_PHASES = ("forward", "backward", "recv_grads")
+
+
 class ReportError(RunError):
     """The run dir holds nothing to report; the message says why and what to do."""
 
@@ -171,6 +177,14 @@ def _components(ranks: List[dict], pred: Dict[str, Any], m: int,
                  if s["facts"].get("pipeline") and (s["facts"].get("stages") or 1) > 1 else None
                  for s in allr)
     row("pp_p2p", bd.get("pp_p2p"), sends, "sends incl. waiting for the receiver")
+    # the engine's all-gathers of its partitioned activations and gradients (trace_rules maps
+    # an all-gather inside a pipeline's forward/backward to the tensor-parallel group)
+    gathers = _max(_op_phase(s, "allgather", PARTITION_GATHER_PHASES)
+                   if s["facts"].get("pipeline") and (s["facts"].get("stages") or 1) > 1
+                   and (s["facts"].get("mp") or 1) > 1 else None
+                   for s in allr)
+    row("pp_allgather", bd.get("pp_allgather"), gathers,
+        "rebuilding the partitioned activations and gradients over the tensor-parallel group")
     idle = []
     for s in allr:
         it = _per_iter(s, "iteration")

@@ -116,6 +116,7 @@ def fit_store(store_path, name: str, out_dir, *, device: Optional[int] = None,
         "provenance": {
             "source": f"neox-perf calibrate on {facts.gpu_name}",
             "license": "n/a (own measurements)",
+            "measured": _measured(runs),
             "store": str(store_path.resolve()),
             "samples": source or "all",
             "device_id": device,
@@ -166,6 +167,18 @@ def add_efficiency_curves(operators: Dict[str, Dict[str, dict]], sets) -> None:
         curve = extrapolate.fit_curve({n: c[ok] for n, c in feats.items()},
                                       np.log(ts.seconds[ok] / base[ok]), names)
         entry["efficiency"] = curve.to_entry()
+
+
+def _measured(runs) -> Optional[str]:
+    """The span of dates (UTC) the store's calibration runs were timed on, for the profile's
+    provenance (neox_perf/network.py shows it beside the network it measured)."""
+    import datetime
+    stamps = sorted(float(t) for r in runs for t in (r.get("started"), r.get("finished")) if t)
+    if not stamps:
+        return None
+    days = [datetime.datetime.fromtimestamp(t, datetime.timezone.utc).date().isoformat()
+            for t in (stamps[0], stamps[-1])]
+    return days[0] if days[0] == days[1] else f"{days[0]} .. {days[1]}"
 
 
 def _precision(dtype: Optional[str]) -> str:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
 VTRAIN_CSV = Path("data") / "vtrain-a100" / "single_node_runs.csv"
+VTRAIN_MULTI_CSV = Path("data") / "vtrain-a100" / "multi_node_runs.csv"
 VTRAIN_VOCAB = 50257  # GPT-2 BPE, padded by NeoX's (= Megatron's) rule
 # Megatron-DeepSpeed's --attention-dropout and --hidden-dropout default, and what vTrain's own
 # model of these runs uses (src/model/gpt_model.py: attention and output dropout 0.1).
@@ -32,6 +33,10 @@ MEGATRON_DROPOUT = 0.1
 # alone, which a regex on the layer class reproduces (N=12, pp=4: [3,3,3,3], not NeoX's
 # [3,4,3,2]; pp=2 splits agree).
 MEGATRON_PARTITION = "type:ParallelTransformerLayerPipe"
+
+# Megatron-DeepSpeed's pipeline stages pass the hidden states alone (the mask stays in its args),
+# where NeoX's pass (hidden, mask): see operators.decompose
+PIPE_SENDS_MASK = False
 
 ASSUMPTIONS = ("Megatron GPT: learned positions, LayerNorm, GeLU, tied embeddings, fused softmax; "
                "query-key layer scaling (Megatron-DeepSpeed's default: softmax in fp32); "
@@ -56,6 +61,12 @@ class Run:
     dp: int
     pp: int
     seconds: float  # measured iteration time
+    model: str = ""  # the source's model label (multi-node runs: "3.6", "175", in billions)
+
+    def __str__(self) -> str:
+        name = f"{self.model}B " if self.model else ""
+        return (f"{name}h{self.hidden} L{self.layers} tp{self.tp} dp{self.dp} pp{self.pp} "
+                f"mb{self.micro_batch} gb{self.global_batch}: {self.seconds * 1e3:.0f} ms")
 
     @property
     def layout(self) -> Tuple[int, int, int]:
@@ -102,21 +113,58 @@ def find_shared(start: Optional[Path] = None) -> Optional[Path]:
 
 def load_vtrain(path: Optional[Path] = None) -> List[Run]:
     """Every row of vTrain's single-node runs; FileNotFoundError when the file is absent."""
+    return _load(path, VTRAIN_CSV)
+
+
+def load_vtrain_multi(path: Optional[Path] = None) -> List[Run]:
+    """Every row of vTrain's multi-node runs (64 and 512 GPUs on 8-GPU nodes), each labelled
+    with its model; FileNotFoundError when the file is absent."""
+    return _load(path, VTRAIN_MULTI_CSV)
+
+
+def _load(path: Optional[Path], default: Path) -> List[Run]:
     if path is None:
         shared = find_shared()
         if shared is None:
-            raise FileNotFoundError("../shared/data/vtrain-a100/single_node_runs.csv not found")
-        path = shared / VTRAIN_CSV
+            raise FileNotFoundError(f"../shared/{default.as_posix()} not found")
+        path = shared / default
     runs = []
     with open(path, newline="", encoding="utf-8") as fh:
         for row in csv.DictReader(fh):
             ints = {k: int(row[k]) for k in ("gpus", "global_batch", "micro_batch", "hidden", "heads",
                                              "layers", "seq_len", "tp", "dp", "pp")}
-            run = Run(**ints, seconds=float(row["iteration_ms"]) / 1e3)
+            run = Run(**ints, seconds=float(row["iteration_ms"]) / 1e3, model=row.get("params_b", ""))
             if run.tp * run.dp * run.pp != run.gpus or run.global_batch % (run.dp * run.micro_batch):
                 raise ValueError(f"{path}: inconsistent row {row}")
             runs.append(run)
     return runs
+
+
+# A run is reported apart from the fit when it is this much slower per micro-batch round (the
+# 1F1B bubble's (m + p - 1) / m taken out) than the same job -- model, batch and layout -- at a
+# smaller micro-batch. A larger micro-batch does the same work per GPU in fewer, larger kernels
+# with fewer per-micro-batch costs: it can only take longer through something outside the model
+# (memory pressure in the caching allocator, a disturbed run). The rule looks one way on purpose:
+# a smaller micro-batch running much slower is ordinary (the host issuing small kernels cannot
+# keep the GPU busy) and stays in the fit. It sets apart 1 of the 47 multi-node runs (the 3.6B
+# model at tp 8, micro-batch 64: 1.98x its micro-batch 32) and none of the 1,440 single-node runs;
+# no other run of either set is more than 1.013x the same job at a smaller micro-batch.
+INCONSISTENT_RATIO = 1.3
+
+
+def inconsistent(runs: Sequence[Run], ratio: float = INCONSISTENT_RATIO) -> List[bool]:
+    """Per run: whether it is slower than the same job at a smaller micro-batch by ``ratio``."""
+    rounds = [r.seconds * r.accumulation / (r.accumulation + r.pp - 1) for r in runs]
+    groups: dict = {}
+    for i, r in enumerate(runs):
+        groups.setdefault((r.model, r.hidden, r.heads, r.layers, r.seq_len, r.global_batch, r.layout),
+                          []).append(i)
+    out = [False] * len(runs)
+    for idx in groups.values():
+        for i in idx:
+            smaller = [rounds[j] for j in idx if runs[j].micro_batch < runs[i].micro_batch]
+            out[i] = bool(smaller) and rounds[i] > ratio * min(smaller)
+    return out
 
 
 def build_config(run: Run, gpus_per_node: int):

@@ -34,10 +34,10 @@ from .. import achievable
 BOUNDS = {"compute_scale": (1.0, 2.0), "memory_scale": (1.0, 3.0), "dispatch_s": (0.0, 5e-4),
           "tp_sync_s": (0.0, 2e-3), "p2p_s": (0.0, 2e-2), "micro_batch_s": (0.0, 0.05),
           "pipeline_micro_batch_s": (0.0, 0.05),
-          "step_s": (0.0, 0.5), "queue_coupling": (0.0, 1.0)}
+          "step_s": (0.0, 0.5), "queue_coupling": (0.0, 1.0), "dp_inter_node_scale": (1.0, 8.0)}
 _STEP = {"compute_scale": 0.01, "memory_scale": 0.01, "dispatch_s": 1e-6, "tp_sync_s": 1e-6,
          "p2p_s": 1e-5, "micro_batch_s": 1e-5, "pipeline_micro_batch_s": 1e-5, "step_s": 1e-5,
-         "queue_coupling": 0.01}
+         "queue_coupling": 0.01, "dp_inter_node_scale": 0.01}
 
 
 @dataclass(frozen=True)
@@ -48,24 +48,33 @@ class Case:
     decomposition: object
     measured: float
     label: str = ""
+    # the cluster the run was measured on, when it is not the one the caller passes (one fit
+    # over several development sets: single-node runs and multi-node runs on other nodes)
+    profile: object = None
 
 
-def prepare(runs, build: Callable, key: Callable = lambda r: r.layout) -> List[Case]:
-    """Cases from runs; ``build(run) -> (cfg, derived)`` reads each as a NeoX config."""
+def prepare(runs, build: Callable, key: Callable = lambda r: r.layout, profile=None,
+            pipe_sends_mask: bool = True) -> List[Case]:
+    """Cases from runs; ``build(run) -> (cfg, derived)`` reads each as a NeoX config; runs of
+    another framework say what differs (operators.decompose: pipe_sends_mask)."""
     cases = []
     for run in runs:
         cfg, derived = build(run)
-        decomp = decompose(cfg, derived.padded_vocab, stage_shapes(derived))
-        cases.append(Case(key(run), decomp, float(run.seconds), str(run)))
+        decomp = decompose(cfg, derived.padded_vocab, stage_shapes(derived), pipe_sends_mask=pipe_sends_mask)
+        cases.append(Case(key(run), decomp, float(run.seconds), str(run), profile))
     return cases
 
 
 def predict_all(cases: Sequence[Case], profile, terms: StepTerms) -> np.ndarray:
-    """Each case as predict.predict times it: the same precision rescale and achievable-rate
-    cap on the profile's GPU (achievable.limits), with trial step terms."""
-    return np.array([estimate(c.decomposition, profile, terms,
-                              limits=achievable.limits(profile, c.decomposition.precision)).iteration_seconds
-                     for c in cases])
+    """Each case as predict.predict times it, on the cluster it ran on: the same precision
+    rescale and achievable-rate cap on the profile's GPU (achievable.limits), with trial step
+    terms."""
+    out = []
+    for c in cases:
+        prof = c.profile or profile
+        limits = achievable.limits(prof, c.decomposition.precision)
+        out.append(estimate(c.decomposition, prof, terms, limits=limits).iteration_seconds)
+    return np.array(out)
 
 
 def linearise(cases: Sequence[Case], profile, terms: StepTerms,

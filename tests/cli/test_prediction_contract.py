@@ -14,7 +14,7 @@ PREDICTION_KEYS = {
     "coverage", "notes", "tflops_per_gpu", "mfu", "run_seconds", "run_gpu_hours", "run_hours_interval",
     "run_gpu_hours_interval",
     # added in v1 (new keys keep the version): NeoX's own log units, the Slurm --time of the run
-    "neox_log", "slurm_time",
+    "neox_log", "slurm_time", "regime", "inter_node_share",
 }
 
 
@@ -36,6 +36,10 @@ def test_prediction_keys_and_interval(capsys, cluster):
     assert hours_lo < pred["run_seconds"] / 3600 < hours_hi
     assert pred["step_terms"]["applied"] is True
     assert 0.0 <= pred["extrapolated_share"] <= 1.0
+    # 16 GPUs span nodes on every one of these clusters: the interval is the across-nodes one
+    # (one NIC per GPU on Vista's single-GPU nodes), and some of the step crosses nodes
+    assert pred["regime"] == ("one NIC per GPU" if cluster == "vista-gh200" else "across nodes")
+    assert 0.0 < pred["inter_node_share"] <= 1.0
     # every operator/phase of the decomposition, against the samples of the model predicting it
     rows = pred["coverage"]
     assert rows and {r["what"] for r in rows} >= {"linear1 fwd", "linear1 bwd"}

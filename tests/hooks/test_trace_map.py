@@ -227,6 +227,37 @@ def test_collective_groups_follow_the_phase_and_the_layout():
     assert collective_group("allreduce", "backward", plain) == (1, 2)  # ZeRO/DDP hooks
 
 
+def test_pipeline_partition_gathers_map_to_the_tensor_parallel_group():
+    # DeepSpeed's PipelineEngine at pp 2 x mp 2 (events as a hooked run of the workload records
+    # them): ForwardPass on stage 1 gathers the partitioned activation, BackwardPass on stage 0
+    # its own output and the received gradient; each rank's chunk, 2048 elements, on gloo's
+    # worker threads. They are the decomposition's pp_allgather calls: all-gathers over the
+    # tensor-parallel group, inside forward / backward, nothing unmapped.
+    chunk = f(elements=2048, gpus_per_node=2, nodes=1)
+    last = [_ev(0, "neox_perf::forward", 0, 500),
+            _ev(1, "c10d::_allgather_base_", 10, 5, 0, [[4096], [2048], [], [], []], seq=1),
+            _ev(2, "gloo:all_gather", 12, 200, None, [[2048]], thread=5)]
+    r = map_events(last, MapContext(groups=Groups(mp=2, stages=2, stage=1, local_world=4)))
+    assert ops(r) == {("allgather", "comm", chunk): 1}
+    # the gather's own time, plus the range's host time it is the only operator to join
+    assert r.op_phases[("allgather", "forward")] >= 200e-6
+    assert not r.unmapped
+    first = [_ev(0, "neox_perf::backward", 0, 900),
+             _ev(1, "c10d::_allgather_base_", 10, 5, 0, [[4096], [2048], [], [], []], seq=1),
+             _ev(2, "gloo:all_gather", 12, 300, None, [[2048]], thread=7),
+             _ev(3, "c10d::_allgather_base_", 400, 5, 0, [[4096], [2048], [], [], []], seq=2),
+             _ev(4, "gloo:all_gather", 402, 100, None, [[2048]], thread=8)]
+    r = map_events(first, MapContext(groups=Groups(mp=2, stages=2, stage=0, local_world=4)))
+    assert ops(r) == {("allgather", "comm", chunk): 2}
+    assert r.op_phases[("allgather", "backward")] >= 400e-6
+    assert not r.unmapped
+    # with grad_partitioned off the engine gathers its output in RecvGrad instead
+    from neox_perf.hooks.trace_map import collective_group
+    g = Groups(mp=2, stages=2, local_world=4)
+    assert collective_group("allgather", "recv_grads", g) == (1, 2)
+    assert collective_group("allgather", "recv_grads", Groups(mp=1, stages=2)) is None
+
+
 # ---- GPT-NeoX's own train.py (tests/hooks/traces/make_neox_traces.py) -------------------------
 
 def _share(r, pipeline):
