@@ -187,6 +187,8 @@ class Intervals:
 
     inside_node: Interval
     across_nodes: Interval
+    # the one-NIC-per-GPU skew (ONE_NIC_UPWARD) where the residuals are not of such a cluster
+    one_nic_upward: float = ONE_NIC_UPWARD
 
     def of(self, regime: str) -> Interval:
         if regime == INSIDE_NODE:
@@ -194,16 +196,18 @@ class Intervals:
         if regime == ACROSS_NODES:
             return self.across_nodes
         if regime == ONE_NIC_PER_GPU:
-            return replace(self.across_nodes, upward_per_inter_node=ONE_NIC_UPWARD)
+            return replace(self.across_nodes, upward_per_inter_node=self.one_nic_upward)
         raise ValueError(f"unknown regime {regime!r}; known: {', '.join(REGIMES)}")
 
     def widened(self, relative: float) -> "Intervals":
-        return Intervals(self.inside_node.widened(relative), self.across_nodes.widened(relative))
+        return replace(self, inside_node=self.inside_node.widened(relative),
+                       across_nodes=self.across_nodes.widened(relative))
 
     @classmethod
     def single(cls, interval: Interval) -> "Intervals":
-        """One interval for every regime (a profile measured on one machine only)."""
-        return cls(interval, interval)
+        """One interval for every regime: a profile validated on its own machine, whose residuals
+        are that machine's, network included -- nothing to skew."""
+        return cls(interval, interval, one_nic_upward=0.0)
 
 
 

@@ -30,7 +30,8 @@ def test_a_run_dir_without_data_is_a_data_error_and_a_missing_one_usage(tmp_path
 
 
 def test_load_cluster_turns_only_an_unusable_profile_into_a_usage_error(tmp_path, monkeypatch):
-    with pytest.raises(UsageError, match="no such cluster profile"):
+    # a path that is not there is named as typed (#26), a usage error like every unusable profile
+    with pytest.raises(UsageError, match="nope.yml: no such file or directory"):
         load_cluster(str(tmp_path / "nope.yml"))
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "manifest.json").write_text("{")

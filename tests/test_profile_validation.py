@@ -8,7 +8,7 @@ from neox_perf.profile.facts import ClusterFacts, Link
 from neox_perf.profile.manifest import Manifest
 from neox_perf.profile.sections import Validation
 from neox_perf.profile_validation import MIN_RUNS, record
-from neox_perf.step_terms import StepTermsSection, of_profile
+from neox_perf.step_terms import ACROSS_NODES, INSIDE_NODE, REGIMES, StepTermsSection, of_profile
 
 FACTS = ClusterFacts("local", "cpu", 2**30, 2, Link("shared memory", 1.0, 1), Link("none", 1.0, 1), 0.1, 10.0)
 
@@ -34,8 +34,11 @@ def test_the_interval_comes_from_enough_validated_configs(tmp_path):
     assert "80% interval is now" in note
     on_disk = json.loads((prof.path / "manifest.json").read_text())["validation"]
     assert len(on_disk["runs"]) == len(ratios)
-    _, interval = of_profile(SimpleNamespace(manifest=Manifest("local", validation=Validation.parse(on_disk)),
-                                             facts=None))
+    _, intervals = of_profile(SimpleNamespace(manifest=Manifest("local", validation=Validation.parse(on_disk)),
+                                              facts=None))
+    # measured on the profile's own machine: one interval, whatever the regime
+    assert len({intervals.of(r) for r in REGIMES}) == 1
+    interval = intervals.of(INSIDE_NODE)
     assert interval.lo_ratio < 1.0 < interval.hi_ratio
     assert min(ratios) <= interval.lo_ratio and interval.hi_ratio <= max(ratios)
     # the same config validated again replaces its run, it does not add one
@@ -48,11 +51,11 @@ def test_own_interval_comes_before_the_development_sets(tmp_path):
     dev = {"terms": {"dispatch_s": 1e-5}, "interval": {"lo_ratio": 0.5, "hi_ratio": 2.0},
            "fitted_gpu": "A100"}
     prof = _profile(tmp_path, step_terms=dev)
-    assert of_profile(prof)[1].hi_ratio == 2.0
+    assert of_profile(prof)[1].of(INSIDE_NODE).hi_ratio == 2.0
     for i in range(MIN_RUNS):
         record(prof, [f"c{i}.yml"], measured=1.0 + 0.01 * i, predicted=1.0, extrapolated_share=0.0)
-    terms, interval = of_profile(prof)
-    assert terms.dispatch_s == 1e-5 and interval.hi_ratio < 1.1
+    terms, intervals = of_profile(prof)
+    assert terms.dispatch_s == 1e-5 and intervals.of(ACROSS_NODES).hi_ratio < 1.1
 
 
 def test_bundled_profiles_and_bad_numbers_are_not_written(tmp_path):
