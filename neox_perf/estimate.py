@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from .engine_terms import EngineTerms
 from .operators import CommCall, Decomposition, OpCall, StageWork
 from .profile.protocol import Profile
-from .step_terms import INSIDE_NODE, StepTerms, of_profile, regime_of
+from .step_terms import DATA_PARALLEL, FABRIC_NODES_FITTED, INSIDE_NODE, StepTerms, of_profile, regime_of
 from .timeline import StageCost, Timeline, simulate_1f1b
 
 
@@ -120,6 +120,12 @@ class _Cache:
                 self.extrapolated.add(key)
             self.memo[key] = self.terms.collective(call.purpose, call.nodes * call.gpus_per_node,
                                                    float(pred.seconds), call.nodes)
+            if (call.purpose in DATA_PARALLEL and call.nodes > FABRIC_NODES_FITTED
+                    and self.terms.dp_fabric_per_doubling > 0):
+                what = f"{call.purpose} {call.nodes}x{call.gpus_per_node}"
+                self.flags.setdefault(what, f"the data-parallel fabric term was fitted on groups of up to "
+                                            f"{FABRIC_NODES_FITTED} nodes; this group spans {call.nodes}")
+                self.extrapolated.add(key)
         return self.memo[key]
 
     def _operator_seconds(self, call: OpCall, seconds: float) -> float:

@@ -24,10 +24,13 @@ from .errors import ProfileError, reading, text
 COMPUTE_BOUND = frozenset({"linear1", "linear2", "linear3", "linear4", "linear_final", "qk", "av",
                            "flash_attention"})
 FITTED = ("compute_scale", "memory_scale", "dispatch_s", "tp_sync_s", "p2p_s", "micro_batch_s",
-          "pipeline_micro_batch_s", "step_s", "queue_coupling", "dp_inter_node_scale")
+          "pipeline_micro_batch_s", "step_s", "queue_coupling", "dp_fabric_per_doubling")
 # the collectives of data parallelism: the whole job's gradient all-reduce after backward and
 # ZeRO's parameter all-gather after the step
 DATA_PARALLEL = frozenset({"dp_allreduce", "dp_allgather"})
+# the most nodes a data-parallel group of the multi-node development set spans (vTrain's 3.6B
+# model at dp 64 and its 175B model at tp 8, dp 8): past it dp_fabric_per_doubling extrapolates
+FABRIC_NODES_FITTED = 8
 
 
 @dataclass(frozen=True)
@@ -48,19 +51,22 @@ class StepTerms:
     # how far a phase's host issue and device work fail to overlap where neither dominates:
     # 0 is a perfect queue (the longer of the two), 1 none (their sum); see issued()
     queue_coupling: float = 0.0
-    # in-situ time of a data-parallel collective that crosses nodes over its isolated prediction.
-    # It runs once per step with every rank of the job in it, after a long phase each rank ran
-    # on its own, through the whole fabric at once: multi-node runs show it well below what an
-    # isolated all-reduce of the same group reaches (tensor-parallel all-reduces across nodes,
-    # issued every layer, show no such loss: a fit that scales them too puts it at 0)
-    dp_inter_node_scale: float = 1.0
+    # a data-parallel collective across N nodes takes its isolated time x (1 + this x log2 N). It
+    # runs once per step with every rank of the job in it, after a long phase each rank ran on
+    # its own, through the whole fabric at once, and each of its N inter-node hops can stall the
+    # lock-step ring: multi-node runs show it well below what an isolated all-reduce of the same
+    # group reaches, the more so the more nodes it spans (fitted on groups of 2-8 nodes; the
+    # cross-validation by model agrees on it within 0.66-0.86 where a flat factor spread 2-3.5x).
+    # Tensor-parallel all-reduces across nodes, issued every layer, show no such loss: a fit
+    # that scales them too puts it at 0.
+    dp_fabric_per_doubling: float = 0.0
 
     def __post_init__(self):
         for f in fields(self):
             v = getattr(self, f.name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"step term {f.name} must be a finite number >= 0, got {v!r}")
-        if self.compute_scale <= 0 or self.memory_scale <= 0 or self.dp_inter_node_scale <= 0:
+        if self.compute_scale <= 0 or self.memory_scale <= 0:
             raise ValueError("step term scales must be > 0")
 
     @property
@@ -101,7 +107,7 @@ class StepTerms:
         if seconds <= 0:
             return seconds
         if purpose in DATA_PARALLEL and nodes > 1:
-            return seconds * self.dp_inter_node_scale
+            return seconds * (1.0 + self.dp_fabric_per_doubling * math.log2(nodes))
         if purpose == "mp_allreduce":
             return seconds + self.tp_sync_s * math.log2(max(ranks, 2))
         if purpose == "pp_p2p":

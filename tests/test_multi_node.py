@@ -37,6 +37,19 @@ def test_a_larger_micro_batch_much_slower_than_a_smaller_one_is_set_apart():
     assert devset.inconsistent(pipe) == [False, False]
 
 
+def test_the_fabric_term_is_flagged_past_the_groups_it_was_fitted_on():
+    """A data-parallel group over more nodes than any of the multi-node runs: the term
+    extrapolates, the prediction says so and its interval widens for it."""
+    from neox_perf.step_terms import FABRIC_NODES_FITTED
+    profile = load_cluster(str(VTRAIN))
+    inside = predict(*devset.build_config(_run(gpus=64, dp=64, layers=4), 8), profile).estimate
+    wide = predict(*devset.build_config(_run(gpus=128, dp=128, global_batch=1024, layers=4), 8), profile).estimate
+    assert not [f for f in inside.flags if f.what.startswith("dp_allreduce")]
+    flag = next(f for f in wide.flags if f.what.startswith("dp_allreduce"))
+    assert f"up to {FABRIC_NODES_FITTED} nodes" in flag.reason and "spans 16" in flag.reason
+    assert wide.extrapolated_share > inside.extrapolated_share
+
+
 def test_the_multi_node_set_reads_with_its_models():
     try:
         runs = devset.load_vtrain_multi()
@@ -44,19 +57,24 @@ def test_the_multi_node_set_reads_with_its_models():
         pytest.skip("../shared/data/vtrain-a100/multi_node_runs.csv is not present")
     assert {r.model for r in runs} == {"3.6", "175"} and len(runs) == 47
     assert all(r.tp * r.dp * r.pp == r.gpus for r in runs)
+    # the fabric term's fitted range is the widest data-parallel group among them
+    from neox_perf.step_terms import FABRIC_NODES_FITTED
+    from neox_perf.operators import group_placement
+    assert max(group_placement(r.dp, r.tp, 8)[0] for r in runs) == FABRIC_NODES_FITTED
     flagged = [r for r, bad in zip(runs, devset.inconsistent(runs)) if bad]
     assert [(r.model, r.layout, r.micro_batch) for r in flagged] == [("3.6", (8, 8, 1), 64)]
 
 
 def test_the_data_parallel_term_scales_only_data_parallel_collectives_across_nodes():
-    t = StepTerms(dp_inter_node_scale=3.0, tp_sync_s=1e-4)
-    assert t.collective("dp_allreduce", 64, 0.1, nodes=8) == pytest.approx(0.3)
-    assert t.collective("dp_allgather", 64, 0.1, nodes=8) == pytest.approx(0.3)
+    t = StepTerms(dp_fabric_per_doubling=0.5, tp_sync_s=1e-4)
+    assert t.collective("dp_allreduce", 64, 0.1, nodes=8) == pytest.approx(0.1 * (1 + 0.5 * 3))
+    assert t.collective("dp_allgather", 64, 0.1, nodes=8) == pytest.approx(0.25)
+    assert t.collective("dp_allreduce", 16, 0.1, nodes=2) == pytest.approx(0.15)  # one doubling
     assert t.collective("dp_allreduce", 8, 0.1, nodes=1) == pytest.approx(0.1)  # inside a node
     # a tensor-parallel group across nodes keeps its own in-situ rule
     assert t.collective("mp_allreduce", 16, 0.1, nodes=2) == pytest.approx(0.1 + 1e-4 * 4)
     with pytest.raises(ValueError):
-        StepTerms(dp_inter_node_scale=0.0)
+        StepTerms(dp_fabric_per_doubling=-0.1)
 
 
 def test_a_job_across_nodes_pays_the_term_one_inside_a_node_does_not(tmp_path):
@@ -68,7 +86,7 @@ def test_a_job_across_nodes_pays_the_term_one_inside_a_node_does_not(tmp_path):
         plain = predict(cfg, derived, profile).estimate
         from neox_perf.estimate import estimate
         scaled = estimate(predict(cfg, derived, profile).decomposition, profile,
-                          dataclasses.replace(base, dp_inter_node_scale=base.dp_inter_node_scale * 2))
+                          dataclasses.replace(base, dp_fabric_per_doubling=base.dp_fabric_per_doubling + 1))
         assert (scaled.iteration_seconds > plain.iteration_seconds * 1.001) == grows
         assert plain.regime == (ACROSS_NODES if grows else INSIDE_NODE)
 
@@ -122,7 +140,7 @@ def test_bundled_terms_meet_the_multi_node_bar():
     for regime in (INSIDE_NODE, ACROSS_NODES):
         cover = section["interval_coverage"][regime]
         assert cover["coverage"] >= 80.0 and cover["median_width"] <= 30.0
-    assert section["terms"]["dp_inter_node_scale"] > 1.0
+    assert section["terms"]["dp_fabric_per_doubling"] > 0.0
 
 
 def test_pipeline_sends_cross_nodes_only_on_the_boundaries_that_do():

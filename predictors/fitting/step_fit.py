@@ -34,10 +34,10 @@ from .. import achievable
 BOUNDS = {"compute_scale": (1.0, 2.0), "memory_scale": (1.0, 3.0), "dispatch_s": (0.0, 5e-4),
           "tp_sync_s": (0.0, 2e-3), "p2p_s": (0.0, 2e-2), "micro_batch_s": (0.0, 0.05),
           "pipeline_micro_batch_s": (0.0, 0.05),
-          "step_s": (0.0, 0.5), "queue_coupling": (0.0, 1.0), "dp_inter_node_scale": (1.0, 8.0)}
+          "step_s": (0.0, 0.5), "queue_coupling": (0.0, 1.0), "dp_fabric_per_doubling": (0.0, 3.0)}
 _STEP = {"compute_scale": 0.01, "memory_scale": 0.01, "dispatch_s": 1e-6, "tp_sync_s": 1e-6,
          "p2p_s": 1e-5, "micro_batch_s": 1e-5, "pipeline_micro_batch_s": 1e-5, "step_s": 1e-5,
-         "queue_coupling": 0.01, "dp_inter_node_scale": 0.01}
+         "queue_coupling": 0.01, "dp_fabric_per_doubling": 0.01}
 
 
 @dataclass(frozen=True)
