@@ -9,7 +9,8 @@ EngineSection.to_dict.
 
 Four kinds of term, each where its cost scales differently:
 - Residual (layer_forward/backward, other_forward/backward): seconds + per_unit * x on top
-  of the operators, x the operators' own seconds (inside a layer) or the logits (outside);
+  of the operators, x the operators' own seconds (inside a layer) or the logits (outside),
+  never taking the phase below the lowest ratio to its operators it was measured at;
 - Linear (optimizer_step, grad_flatten, grad_accumulate, zero_reduce, zero_step, and
   tp_allreduce per element): t0 + per_tensor * tensors + per_param * params;
 - Curve (dp_allreduce, dp_allgather): measured [elements, seconds] points of a ZeRO step's
@@ -41,6 +42,19 @@ class EngineTermsError(ProfileError):
 
 @dataclass(frozen=True)
 class Residual:
+    """What a phase takes beyond its operators: the phase runs in `operators + added(x,
+    operators)` seconds.
+
+    A residual may be negative: the operator benchmarks time each operator alone, with its own
+    synchronisation, and inside a real step a phase can run faster than their sum. But how much
+    faster is only known where it was measured. A straight line with a negative fixed part,
+    fitted on large layers, crosses zero below them and would give small layers a negative
+    time (a 2-stage pipeline of tiny layers came out at -1.1 ms a backward). So the phase never
+    runs at a lower ratio to its operators than the lowest the term has evidence for (`floor`):
+    the measured shapes' own ratios (ratio_range, ratios), or, for a term fitted before those
+    were recorded, the line's ratio at the ends of the range it was fitted on; and with no
+    evidence at all, never below zero time."""
+
     seconds: float
     per_unit: float
     extra: Mapping[str, Any] = field(default_factory=dict)  # feature and fit statistics
@@ -48,6 +62,9 @@ class Residual:
     # chose them, the residual inside their range is interpolated between them (over log
     # operators) instead of read off the straight line
     ratios: Tuple[Tuple[float, float], ...] = ()
+    # (lowest, highest) measured / operators over the rows it was fitted on (engine_fit)
+    ratio_range: Optional[Tuple[float, float]] = None
+    floor: float = field(init=False, repr=False, compare=False)  # the lowest ratio: see above
 
     def __post_init__(self):
         xs = [x for x, _ in self.ratios]
@@ -55,6 +72,31 @@ class Residual:
                 or len(set(xs)) != len(xs) or len(xs) == 1:
             raise ValueError("ratios must be (operators > 0, ratio > 0) pairs, at least two, "
                              "by increasing operators")
+        if self.ratio_range is not None and not (len(self.ratio_range) == 2
+                                                 and 0 < self.ratio_range[0] <= self.ratio_range[1]
+                                                 and math.isfinite(self.ratio_range[1])):
+            raise ValueError("ratio_range must be [lowest, highest], 0 < lowest <= highest")
+        object.__setattr__(self, "floor", self._lowest_ratio())
+
+    def _lowest_ratio(self) -> float:
+        if self.ratio_range is not None:
+            return self.ratio_range[0]
+        if self.ratios:
+            return min(r for _, r in self.ratios)
+        sampled = self.extra.get("sampled")
+        if sampled is None or self.extra.get("feature") != "operators":
+            return 0.0  # its x is not the operators (or unknown): only the zero floor
+        lo, hi = (float(v) for v in sampled)
+        if not 0 < lo <= hi:
+            raise ValueError(f"sampled must be [lowest, highest] operators > 0, got {sampled!r}")
+        # (operators + residual) / operators of a line is monotone in the operators: its lowest
+        # over the sampled range is at one end of it
+        return max(0.0, min(1.0 + self.per_unit + self.seconds / x for x in (lo, hi)))
+
+    def added(self, x: float, operators: float) -> float:
+        """Seconds this term adds to a phase whose operators take ``operators`` seconds, at
+        ``x`` (its feature: the same operators, or the logits); the phase keeps `floor`."""
+        return max(self.at(x), (self.floor - 1.0) * operators)
 
     def at(self, x: float) -> float:
         pts = self.ratios
@@ -70,6 +112,8 @@ class Residual:
         out = {"seconds": self.seconds, "per_unit": self.per_unit, **self.extra}
         if self.ratios:
             out["ratios"] = [list(p) for p in self.ratios]
+        if self.ratio_range is not None:
+            out["ratio_range"] = list(self.ratio_range)
         return out
 
 
@@ -129,10 +173,14 @@ class EngineSection:
         for key, value in data.items():
             try:
                 if key in RESIDUALS and value:
+                    ratio_range = value.get("ratio_range")
                     residuals[key] = Residual(float(value["seconds"]), float(value["per_unit"]),
-                                              _rest(value, ("seconds", "per_unit", "ratios")),
+                                              _rest(value, ("seconds", "per_unit", "ratios",
+                                                            "ratio_range")),
                                               tuple((float(a), float(b))
-                                                    for a, b in value.get("ratios") or ()))
+                                                    for a, b in value.get("ratios") or ()),
+                                              None if ratio_range is None
+                                              else tuple(float(v) for v in ratio_range))
                 elif key in LINEARS and value:
                     coef = value["coef"]
                     unknown = set(coef) - set(COEFFICIENTS)
@@ -209,19 +257,19 @@ class EngineTerms:
             return None
         return cls(section, decomp.micro_batches, decomp.zero_stage)
 
-    def _residual(self, name: str, x: float) -> float:
+    def _residual(self, name: str, x: float, operators: float) -> float:
         term = self.section.residuals.get(name)
-        return term.at(x) if term else 0.0
+        return term.added(x, operators) if term else 0.0
 
     def layer(self, phase: str, operators: float) -> float:
         """Seconds one layer adds to its operators' `operators` seconds in this phase."""
-        return self._residual(f"layer_{phase}", operators)
+        return self._residual(f"layer_{phase}", operators, operators)
 
     def other(self, phase: str, operators: float, logits: float) -> float:
         """What the embedding, head and loss add (charged to the stage with the logits)."""
         if logits <= 0:
             return 0.0
-        return max(self._residual(f"other_{phase}", logits), -operators)
+        return self._residual(f"other_{phase}", logits, operators)
 
     def _linear(self, name: str, params: float, tensors: float) -> Optional[float]:
         term = self.section.linears.get(name)

@@ -81,3 +81,43 @@ def test_a_layer_residual_interpolates_between_its_measured_shapes():
     assert sec.to_dict()["layer_forward"] == term
     with pytest.raises(EngineTermsError):
         EngineSection.parse({"precision": "fp32", "layer_forward": {**term, "ratios": [[0.2, 1.0], [0.02, 1.1]]}})
+
+
+# The layer_backward term `neox-perf calibrate` fitted on this project's 2-core CPU (the
+# `ident` profile benchmarks/outputs_identical.py builds): +135.8% of the operators - 1.79 ms,
+# a straight line fitted on layers of 3.3 to 338 ms of operators. A 2-stage model of 4 tiny
+# layers has 0.52 ms of operators per layer backward, where that line gives -0.57 ms.
+IDENT_BACKWARD = {"seconds": -0.001785941691737131, "per_unit": 1.3578297062707199,
+                  "feature": "operators", "rows": 10, "sampled": [0.003341335814915093, 0.33774825866893865]}
+
+
+def test_a_residual_below_its_measured_shapes_keeps_the_lowest_ratio_it_was_measured_at():
+    t = _terms(section={"precision": "fp32", "layer_backward": IDENT_BACKWARD})
+    lo, hi = IDENT_BACKWARD["sampled"]
+    line = IDENT_BACKWARD["seconds"] + IDENT_BACKWARD["per_unit"] * 0.52e-3
+    assert 0.52e-3 + line < 0  # the line alone: a negative layer backward
+    # a profile fitted before the measured ratios were recorded: the line's own ratio at the
+    # ends of its sampled range (1.82x at the smallest shape) is the lowest it has evidence for
+    floor = 1 + IDENT_BACKWARD["per_unit"] + IDENT_BACKWARD["seconds"] / lo
+    assert floor == pytest.approx(1.8234, abs=1e-3)
+    assert 0.52e-3 + t.layer("backward", 0.52e-3) == pytest.approx(floor * 0.52e-3)
+    for x in (lo, 0.01, hi, 1.0):  # inside the range and above it the line is unchanged
+        assert t.layer("backward", x) == pytest.approx(IDENT_BACKWARD["seconds"] + IDENT_BACKWARD["per_unit"] * x)
+
+
+def test_a_fitted_ratio_range_is_the_floor_and_is_written_back():
+    term = {**IDENT_BACKWARD, "ratio_range": [1.5, 2.4]}
+    sec = EngineSection.parse({"precision": "fp32", "layer_backward": term})
+    assert sec.to_dict()["layer_backward"] == term
+    t = _terms(section={"precision": "fp32", "layer_backward": term})
+    assert 0.52e-3 + t.layer("backward", 0.52e-3) == pytest.approx(1.5 * 0.52e-3)
+    for bad in ([0.0, 2.0], [2.0, 1.5], [1.5], "wide"):
+        with pytest.raises(EngineTermsError, match="layer_backward"):
+            EngineSection.parse({"precision": "fp32", "layer_backward": {**term, "ratio_range": bad}})
+
+
+def test_a_residual_without_a_measured_range_never_takes_a_phase_below_zero():
+    t = _terms(section={"precision": "fp32", "layer_forward": {"seconds": -1e-3, "per_unit": 0.1}})
+    assert t.layer("forward", 2e-4) == -2e-4
+    assert t.layer("forward", 0.0) == 0.0  # no layer here: nothing, not minus the fixed part
+    assert t.layer("forward", 0.1) == pytest.approx(-1e-3 + 0.1 * 0.1)

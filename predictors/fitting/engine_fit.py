@@ -82,6 +82,21 @@ def _ratio_curve(x: np.ndarray, m: np.ndarray, line_errors: np.ndarray) -> Optio
             "loo_mape_interior_linear": float(np.mean(line))}
 
 
+def _ratio_range(r: np.ndarray, m: np.ndarray) -> dict:
+    """{"ratio_range": [lowest, highest]} of the measured times over their operators' (m - r)
+    among the rows: how far below (or above) its operators' sum a real phase was seen to run.
+    A line fitted through these rows can leave that range outside them -- with a negative fixed
+    part it crosses zero below the smallest shape -- so the terms keep a phase at no lower
+    ratio than the lowest here (engine_terms.Residual.floor). Empty when no row has both times
+    positive (nothing measured to bound it by)."""
+    operators = m - r
+    ok = (operators > 0) & (m > 0)
+    if not ok.any():
+        return {}
+    ratio = m[ok] / operators[ok]
+    return {"ratio_range": [float(ratio.min()), float(ratio.max())]}
+
+
 # Per term, what the residual grows with (estimate.EngineTerms reads the same names). Inside a
 # layer the operators run slower than alone by a fraction of their own time (operands no longer
 # in cache) plus a fixed cost (the glue ops' dispatch); outside the layers the residual is the
@@ -219,6 +234,7 @@ def fit_engine(profile, engine_path, tp_path=None, extra_rows=None) -> Tuple[dic
         terms[name] = {"seconds": float(coef[0]), "per_unit": float(coef[1]), "feature": feature,
                        "rows": len(rows), "operators_only_mape": raw, "loo_mape": loo_mean,
                        "loo_max": loo_max, "sampled": [float(x.min()), float(x.max())]}
+        terms[name].update(_ratio_range(r, m))
         what = (f"+{coef[1]:.1%} of the operators + {coef[0] * 1e3:.2f} ms" if feature == "operators"
                 else f"{coef[1] * 1e9:+.3g} ns per logit + {coef[0] * 1e3:.2f} ms")
         chosen = loo_mean

@@ -1,6 +1,7 @@
 """Fitting a profile from a calibration store, and the engine terms it can carry."""
 import json
 import math
+import shutil
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from neox_perf.calibration.store import SampleStore  # noqa: E402
 from neox_perf.predictors import load_profile  # noqa: E402
 from neox_perf.predictors.fitting import fit  # noqa: E402
 from neox_perf.predictors.fitting.calibrated import fit_store  # noqa: E402
-from neox_perf.predictors.fitting.engine_fit import fit_engine  # noqa: E402
+from neox_perf.predictors.fitting.engine_fit import add_engine, fit_engine  # noqa: E402
 
 FINGERPRINT = {"kind": "cpu", "device_name": "Test CPU", "torch_threads": 1, "machine": "x86_64"}
 
@@ -62,16 +63,18 @@ def test_a_small_store_fits_a_loadable_profile(tmp_path):
     assert rows[("allreduce", "comm")].model == "baseline"  # four rows: too few for trees
 
 
-def _engine_json(path, profile):
-    """Engine measurements whose layers run 20% + 1 ms slower than the operators predict."""
+def _engine_json(path, profile, sizes=((64, 64), (128, 64), (128, 128), (256, 64)),
+                 layer=lambda operators: 1.2 * operators + 1e-3):
+    """Engine measurements at these (hidden, seq) shapes whose layers take ``layer(their
+    operators)`` (default: 20% + 1 ms slower than the operators predict)."""
     from neox_perf.calibration.engine import engine_keys, engine_label
     from neox_perf.predictors.fitting.engine_fit import _engine_prediction
     shapes = {}
-    for i, (d, l) in enumerate([(64, 64), (128, 64), (128, 128), (256, 64)]):
+    for i, (d, l) in enumerate(sizes):
         shape = (d, l, 1, "layernorm", "global", 256)
         keys = engine_keys(shape, 2)
         p = _engine_prediction(profile, keys, 256, "fp32")
-        lf, lb = 1.2 * p["layer_forward"] + 1e-3, 1.2 * p["layer_backward"] + 1e-3
+        lf, lb = layer(p["layer_forward"]), layer(p["layer_backward"])
         shapes[engine_label(shape, 2)] = {
             "keys": keys, "vocab": 256, "layers": 2, "precision": "fp32", "params": 1000 * (i + 1),
             "tensors": (10, 14, 11, 13)[i], "layer_forward": 2 * lf, "layer_backward": 2 * lb,
@@ -94,3 +97,73 @@ def test_engine_terms_recover_a_known_slowdown(tmp_path):
     step = terms["optimizer_step"]["coef"]
     assert step["per_tensor"] == pytest.approx(1e-4, rel=0.02) and step["per_param"] == pytest.approx(2e-6, rel=0.02)
     assert any(r.op == "engine layer_forward" for r in table)
+
+
+# The line `calibrate` fitted to this project's CPU for its `ident` profile's layer backward
+# (benchmarks/outputs_identical.py; +135.8% of the operators - 1.79 ms, a negative fixed part),
+# its fixed part scaled to an A100's layers: measured on layers of 3 to 20 ms of operators, it
+# crosses zero at 1.3 ms, above the 1.2 ms of the tiny 2-stage model below (`check` of that
+# model on `ident` stopped on "stage 0: backward must be a finite number >= 0, got -0.00108").
+BIG_LAYERS = ((4096, 1024), (4096, 2048), (6144, 1024), (8192, 1024))
+TINY_PIPELINE = """
+num_layers: 4
+hidden_size: 64
+num_attention_heads: 4
+seq_length: 32
+max_position_embeddings: 32
+pos_emb: rotary
+rotary_pct: 0.25
+no_weight_tying: true
+train_micro_batch_size_per_gpu: 2
+gradient_accumulation_steps: 2
+optimizer: {type: Adam, params: {lr: 0.003}}
+pipe_parallel_size: 2
+"""
+
+
+def _negative_fixed_part(operators):
+    return 2.358 * operators - 3e-3
+
+
+def test_a_line_with_a_negative_fixed_part_keeps_small_layers_at_their_lowest_measured_ratio(
+        tmp_path, write_yaml, capsys):
+    from neox_perf.cli import main
+    from neox_perf.config import WorldRequest, build, load_files
+    from neox_perf.derive import derive
+    from neox_perf.predict import predict
+    from neox_perf.profile.directory import bundled_dir
+
+    mine = tmp_path / "mine"
+    shutil.copytree(bundled_dir() / "perlmutter-a100-80gb", mine)
+    _engine_json(tmp_path / "engine.json", load_profile(mine), BIG_LAYERS, _negative_fixed_part)
+    add_engine(mine, tmp_path / "engine.json")
+    profile = load_profile(mine)
+    terms = profile.manifest.engine.residuals
+    measured = json.loads((tmp_path / "engine.json").read_text())["shapes"].values()
+    for phase in ("forward", "backward"):
+        term = terms[f"layer_{phase}"]
+        assert term.seconds == pytest.approx(-3e-3, rel=1e-4) and term.per_unit == pytest.approx(1.358, rel=1e-4)
+        # the fit records the measured layers' time over their operators', lowest and highest
+        lo, hi = term.ratio_range
+        operators = [(m[f"layer_{phase}"] / 2 + 3e-3) / 2.358 for m in measured]
+        assert lo == pytest.approx(min(_negative_fixed_part(x) / x for x in operators), rel=1e-6)
+        assert hi == pytest.approx(max(_negative_fixed_part(x) / x for x in operators), rel=1e-6)
+        assert 1.0 < lo < hi < 2.358
+
+    path = write_yaml("tiny.yml", TINY_PIPELINE)
+    cfg, _, _ = build(load_files([path]), WorldRequest(gpus=2),
+                      cluster_gpus_per_node=profile.facts.gpus_per_node)  # as check builds it
+    derived = derive(cfg, 500)
+    plain = predict(cfg, derived, load_profile("perlmutter-a100-80gb")).estimate  # no engine terms
+    est = predict(cfg, derived, profile).estimate
+    for p, e in zip(plain.stages, est.stages):
+        x = p.layer_backward  # one layer's operators: no tensor-parallel all-reduce in it
+        assert x + _negative_fixed_part(x) - x < 0  # the line alone: a negative layer backward
+        # below the measured shapes the phase keeps the lowest ratio they were measured at
+        assert e.layer_backward == pytest.approx(terms["layer_backward"].ratio_range[0] * x, rel=1e-9)
+        assert e.layer_forward == pytest.approx(terms["layer_forward"].ratio_range[0] * p.layer_forward, rel=1e-9)
+        assert e.backward > 0 and e.forward > 0
+    # and `check` predicts the run: no internal error
+    code = main(["check", path, "--gpus", "2", "--cluster", str(mine), "--vocab-size", "500", "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 0 and data["prediction"]["iteration_seconds"] == pytest.approx(est.iteration_seconds)
