@@ -16,10 +16,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Tuple
 
 from .engine_terms import EngineTerms
+from .errors import ProfileError
 from .operators import CommCall, Decomposition, OpCall, StageWork
 from .profile.protocol import Profile
 from .step_terms import DATA_PARALLEL, FABRIC_NODES_FITTED, INSIDE_NODE, StepTerms, of_profile, regime_of
-from .timeline import StageCost, Timeline, simulate_1f1b
+from .timeline import StageCost, StageCostError, Timeline, simulate_1f1b
 
 
 @dataclass(frozen=True)
@@ -307,7 +308,17 @@ def estimate(decomp: Decomposition, profile: Profile, terms: Optional[StepTerms]
                        tied_allreduce=t.tied_allreduce, optimizer=t.optimizer,
                        param_allgather=t.param_allgather) for t in times]
     m = decomp.micro_batches
-    tl = simulate_1f1b(costs, m)
+    try:
+        tl = simulate_1f1b(costs, m)
+    except StageCostError as exc:
+        # Every term is kept a time where it is priced (an engine term's floor, the step terms'
+        # own validation); should one still come out negative, the user sees which profile and
+        # stage, in one line, and the hook's prediction says so instead of an internal error.
+        raise ProfileError(getattr(profile, "path", profile.name),
+                           f"cluster profile {profile.name!r} prices stage {exc.stage}'s "
+                           f"{exc.name} at {exc.value!r} s, not a time",
+                           "recalibrate the profile (neox-perf calibrate), or predict with "
+                           "another --cluster; please report it") from None
     crit = tl.critical_stage
     c = tl.components
     first_layer_stage = next((t for t in times if t.layer_forward > 0), times[0])

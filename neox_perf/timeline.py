@@ -40,6 +40,7 @@ from typing import Mapping, NamedTuple, Sequence, Tuple
 
 __all__ = [
     "StageCost",
+    "StageCostError",
     "Event",
     "Timeline",
     "simulate_1f1b",
@@ -170,13 +171,22 @@ def _check_shape(num_stages: int, micro_batches: int) -> None:
         raise ValueError("need at least one pipeline stage")
 
 
+class StageCostError(ValueError):
+    """A stage cost that is not a time (negative, NaN, infinite); the caller that priced it
+    (estimate) names where the number came from."""
+
+    def __init__(self, stage: int, name: str, value):
+        self.stage, self.name, self.value = stage, name, value
+        super().__init__(f"stage {stage}: {name} must be a finite number >= 0, got {value!r}")
+
+
 def _check_costs(stages: Sequence[StageCost]) -> None:
     for i, c in enumerate(stages):
         for name in ("forward", "backward", "send_activation", "send_gradient", "grad_allreduce",
                      "tied_allreduce", "optimizer", "param_allgather"):
             v = getattr(c, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-                raise ValueError(f"stage {i}: {name} must be a finite number >= 0, got {v!r}")
+                raise StageCostError(i, name, v)
 
 
 def eq7_seconds(stages: Sequence[StageCost], micro_batches: int) -> float:

@@ -210,3 +210,24 @@ def test_partition_gathers_are_spent_by_the_receiving_stage(write_yaml):
     assert first.backward - bare.stages[0].backward == pytest.approx(2 * g)
     assert (first.forward, last.backward) == (bare.stages[0].forward, bare.stages[1].backward)
     assert est.iteration_seconds > bare.iteration_seconds
+
+
+def test_a_stage_time_below_zero_is_one_line_naming_the_profile(write_yaml):
+    """Whatever makes a stage's time impossible (here a profile whose pipeline send predicts a
+    negative time, as a line fitted to large messages can below them), check and the hook say
+    so in one line naming the profile, the stage and the fix, not an internal error."""
+    from neox_perf.errors import ProfileError
+
+    class Negative(RooflineProfile):
+        def predict_collective(self, kind, elements, nodes, gpus_per_node):
+            got = super().predict_collective(kind, elements, nodes, gpus_per_node)
+            return Pred(-1e-4, False) if kind == "p2p" else got
+
+    cfg, _, _ = build(load_files([write_yaml("c.yml", BASE + "pipe_parallel_size: 2\n")]),
+                      WorldRequest(gpus=2, gpus_per_node=4))
+    shapes = [StageShape(0, 4, True, False, 1_000_000), StageShape(1, 4, False, True, 1_000_000)]
+    with pytest.raises(ProfileError) as err:
+        estimate(decompose(cfg, 50304, shapes), Negative())
+    line = err.value.line()
+    assert "\n" not in line and line.startswith("roofline: ") and "stage 0" in line
+    assert "send_activation" in line and "fix: " in line
