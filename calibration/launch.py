@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional
 
 from neox_perf.errors import NeoxPerfError
 
@@ -61,6 +61,24 @@ def exit_rank(code: int) -> None:
 def has_module(name: str) -> bool:
     """Whether ``name`` is importable, without importing it (torch and deepspeed take seconds)."""
     return importlib.util.find_spec(name) is not None
+
+
+# What `neox-perf calibrate` imports beyond the core, module -> the distribution setup.cfg's
+# [calibrate] extra installs (tests/test_extras.py holds the two together): torch measures,
+# DeepSpeed runs the engine step, the rest fits the profile.
+MEASURE_LIBRARIES = {"torch": "torch"}
+ENGINE_LIBRARIES = {"deepspeed": "deepspeed"}
+FIT_LIBRARIES = {"sklearn": "scikit-learn", "scipy": "scipy", "xgboost": "xgboost-cpu"}
+
+
+def require_libraries(what: str, libraries: Dict[str, str]) -> None:
+    """One line naming every missing library, before anything is measured: a missing fitting
+    library must not surface at the fit, after minutes of sampling."""
+    from neox_perf.errors import UsageError
+    missing = [dist for module, dist in libraries.items() if not has_module(module)]
+    if missing:
+        raise UsageError(f"{what} needs {', '.join(missing)}, not installed here (fix: "
+                         f"pip install '.[calibrate]' in the neox-perf checkout, your torch first)")
 
 
 def cuda_available() -> bool:

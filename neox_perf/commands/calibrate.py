@@ -30,8 +30,9 @@ from typing import Callable, Dict, List, Optional
 
 from .. import exitcodes
 from ..calibration.engine import engine_path, run_engine
-from ..calibration.launch import (CalibrationFailed, default_processes, has_module, launch,
-                                  progress_event, rank_env, use_caching_malloc)
+from ..calibration.launch import (ENGINE_LIBRARIES, FIT_LIBRARIES, MEASURE_LIBRARIES,
+                                  CalibrationFailed, default_processes, launch, progress_event,
+                                  rank_env, require_libraries, use_caching_malloc)
 from ..calibration.tp_allreduce import run_tp_benchmark, tp_path
 from ..errors import UsageError
 
@@ -96,8 +97,9 @@ def run_calibrate(args, progress: Optional[Progress] = None,
                   clock: Optional[Callable[[], float]] = None, grid=None) -> CalibrateResult:
     """args: cluster, quick, plan, store, out, nproc. ``clock`` and ``grid`` are for tests
     (an injected benchmark clock; a smaller tree grid)."""
-    if not has_module("torch"):
-        raise UsageError("calibrate measures with torch: pip install 'neox-perf[runtime]'") from None
+    engine = getattr(args, "engine", True)
+    require_libraries("calibrate", {**MEASURE_LIBRARIES, **(ENGINE_LIBRARIES if engine else {}),
+                                    **FIT_LIBRARIES})
     from ..calibration.sweep import calibrate, pick_device
     from ..predictors.fitting.calibrated import fit_store
     from ..predictors.fitting.engine_fit import add_engine

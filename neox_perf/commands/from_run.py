@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from ..calibration.launch import FIT_LIBRARIES, require_libraries
 from ..errors import UsageError
 from ..profile.directory import bundled_dir, is_bundled, user_profiles_dir
 from .report import PayloadResult
@@ -110,6 +111,10 @@ def run_from_run(args) -> FromRunResult:
     prof = _load(str(args.cluster))
     notes: list = []
     store = _store_of(args, prof, notes)
+    # a refit runs the trainer (all the fitting libraries); a level correction refits its step
+    # terms with SciPy's bounded least squares only
+    require_libraries("calibrate --from-run", FIT_LIBRARIES if store is not None
+                      else {m: d for m, d in FIT_LIBRARIES.items() if m == "scipy"})
     if store is not None:
         out = Path(args.out).expanduser() if getattr(args, "out", None) else Path(prof.path)
     else:

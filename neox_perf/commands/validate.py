@@ -351,7 +351,8 @@ def check_inputs(args) -> None:
         if not os.path.isfile(path):
             raise UsageError(f"{path}: no such config file")
     if not has_module("deepspeed"):  # fail here, in one line, not in N ranks
-        raise UsageError("validate runs the workload under DeepSpeed: pip install 'neox-perf[runtime]'") from None
+        raise UsageError("validate runs the workload under DeepSpeed, not installed here (fix: "
+                         "pip install '.[runtime]' in the neox-perf checkout, your torch first)") from None
 
 
 def run_validate(args, progress: Optional[Progress] = None) -> ValidateResult:
