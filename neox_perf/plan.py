@@ -185,9 +185,11 @@ class SharedDerive:
             self._structure[key] = hit
         return hit
 
-    def __call__(self, cfg, stop_above: Optional[float] = None):
+    def __call__(self, cfg, stop_above: Optional[float] = None, memories: Optional[dict] = None):
         """derive(cfg); with `stop_above` (bytes), None as soon as one stage needs more (the
-        first and last stages, the usual peaks, are computed first)."""
+        first and last stages, the usual peaks, are computed first). `memories` (stage ->
+        StageMemory) holds the stages of cfg computed so far and is filled in: a later call for
+        the same cfg starts from where a stopped one left off."""
         from .derive import DeriveOptions
         from .derive.flops import flops
         from .derive.layers import recomputed_layers
@@ -201,15 +203,17 @@ class SharedDerive:
         num_stages = parallel.num_stages
         pipelined = parallel.pipe_parallel_size >= 1
         order = [0] + list(range(num_stages - 1, 0, -1))
-        memories = {}
+        memories = {} if memories is None else memories
         for s in order:
-            mem = stage_memory(stage=s, num_stages=num_stages, layers=layers[parts[s]:parts[s + 1]],
-                               model=model, parallel=parallel, training=training, padded_vocab=vocab,
-                               stage_params=counts[s].per_rank, largest_layer_params=largest,
-                               gpu_memory_bytes=self.gpu_memory_bytes, opts=opts)
+            mem = memories.get(s)
+            if mem is None:
+                mem = memories[s] = stage_memory(
+                    stage=s, num_stages=num_stages, layers=layers[parts[s]:parts[s + 1]],
+                    model=model, parallel=parallel, training=training, padded_vocab=vocab,
+                    stage_params=counts[s].per_rank, largest_layer_params=largest,
+                    gpu_memory_bytes=self.gpu_memory_bytes, opts=opts)
             if stop_above is not None and mem.device_total > stop_above:
                 return None
-            memories[s] = mem
         stages = []
         for s in range(num_stages):
             chunk = layers[parts[s]:parts[s + 1]]
@@ -555,11 +559,13 @@ class Planner:
                         duplicates += 1
                         continue
                 if rej is None:
-                    derived = self.shared(cfg, stop_above=self.headroom * self.usable)
+                    memories: dict = {}
+                    derived = self.shared(cfg, stop_above=self.headroom * self.usable,
+                                          memories=memories)
                     if derived is None:
                         rej = _Rejection("out_of_memory")
                         if world not in admitted_worlds:  # for the "no layout" line, if it comes
-                            pending.setdefault(world, []).append(cfg)
+                            pending.setdefault(world, []).append((cfg, memories))
                     else:
                         rej = self.memory(derived)
                 if rej is not None:
@@ -582,11 +588,9 @@ class Planner:
         rank(candidates)
         for b in baselines:
             self.rank_baseline(b, candidates)
-        for world, cfgs in pending.items():
+        for world, stopped in pending.items():
             # Nothing fits on these GPUs: name the layout that comes closest.
-            fractions = [(max(s.memory.device_total for s in self.shared(c).stages) / self.usable, c)
-                         for c in cfgs]
-            fraction, cfg = min(fractions, key=lambda fc: fc[0])
+            fraction, cfg = self.closest(stopped)
             per_gpus_rejected[world]["out_of_memory"] = _Rejection(
                 "out_of_memory", _describe(layout_of(cfg)), fraction)
         no_layout = {w: self.no_layout_line(w, per_gpus_counts[w], per_gpus_rejected[w])
@@ -600,6 +604,32 @@ class Planner:
                     duplicates=duplicates,
                     rejected=dict(sorted(rejected.items(), key=lambda kv: -kv[1])),
                     no_layout=no_layout, seconds=time.perf_counter() - start)
+
+    def closest(self, stopped: List[tuple]) -> Tuple[float, object]:
+        """(fraction of the usable memory, config) of the layout whose largest stage needs the
+        least -- the first such, in the order given -- among `stopped`: (config, the stages the
+        plan's loop computed before it stopped), none of which fits.
+
+        Branch and bound, equal to the minimum over every layout fully derived (a test holds it
+        so): a computed stage is a lower bound of its layout's largest, so layouts are taken
+        by that bound, a layout stops at its first stage above the best so far, and the search
+        ends when the next bound is above it. Out-of-memory plans of large models hold ~100
+        such layouts of up to 64 stages: deriving each in full was most of `check`'s time."""
+        order = sorted(range(len(stopped)),
+                       key=lambda i: max(m.device_total for m in stopped[i][1].values()))
+        best = None  # (total bytes, position in stopped)
+        for i in order:
+            cfg, memories = stopped[i]
+            if best is not None and max(m.device_total for m in memories.values()) > best[0]:
+                break
+            derived = self.shared(cfg, stop_above=None if best is None else best[0],
+                                  memories=memories)
+            if derived is None:
+                continue
+            total = max(s.memory.device_total for s in derived.stages)
+            if best is None or total < best[0] or (total == best[0] and i < best[1]):
+                best = (total, i)
+        return best[0] / self.usable, stopped[best[1]][0]
 
     def _prepare(self, gpus: Sequence[int]) -> None:
         """The model (layout-independent) from the user's config; stop on a layout-independent

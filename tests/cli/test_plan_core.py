@@ -87,6 +87,39 @@ def test_space_follows_neox_rules(write_yaml):
     assert plan.rejected.get("heads_divisible_by_mp", 0) > 0  # mp 8 and 24 divide 24, not 12
 
 
+# 38B parameters: no layout of 8 GPUs fits
+BIG = (SMALL.replace("num_layers: 12", "num_layers: 48").replace("hidden_size: 1024", "hidden_size: 8192")
+       .replace("num_attention_heads: 16", "num_attention_heads: 64"))
+
+
+def test_closest_layout_is_the_least_memory_of_every_layout(write_yaml):
+    """The branch and bound naming the layout that comes closest to fitting == the minimum over
+    every out-of-memory layout derived in full by derive() (the first of equals: layouts whose
+    partition methods cut the same stages tie), and it derives a fraction of their stages."""
+    pl, profile = planner(write_yaml("big.yml", BIG), keep=2)
+    pl._prepare([8])
+    batch, _ = pl.global_batch([8])
+    stopped = []
+    for layout in pl.space(8, batch):
+        if pl._structural(layout) is not None:
+            continue
+        cfg, verdicts, _ = pl.build(8, pl.overrides(layout))
+        if pl.refuse(cfg, verdicts) is not None:
+            continue
+        memories = {}
+        assert pl.shared(cfg, stop_above=pl.headroom * pl.usable, memories=memories) is None
+        stopped.append((cfg, memories))
+    totals = [max(s.memory.device_total for s in derive(cfg, 50257, profile.facts.gpu_memory_bytes).stages)
+              for cfg, _ in stopped]
+    least = min(range(len(totals)), key=totals.__getitem__)
+    assert totals.count(totals[least]) > 1  # equals to choose among
+    before = sum(len(m) for _, m in stopped)
+    fraction, cfg = pl.closest(stopped)
+    assert cfg is stopped[least][0] and fraction == totals[least] / pl.usable > pl.headroom
+    stages = sum(c.parallel.num_stages for c, _ in stopped)
+    assert sum(len(m) for _, m in stopped) - before < (stages - before) / 4
+
+
 def test_nearest_global_batch_is_a_difference(write_yaml):
     text = SMALL.replace("train_micro_batch_size_per_gpu: 4\ngradient_accumulation_steps: 4\n",
                          "train_batch_size: 100\n")

@@ -77,6 +77,15 @@ def test_uniform_helpers():
     assert partition_balanced([1], 3) == [0, 1, 1, 1]
 
 
+def test_balanced_memo_hands_out_copies():
+    """partition_balanced is memoised: a caller changing its answer changes no later one."""
+    weights = [0, 1, 1, 1, 1, 1, 1, 0]
+    first = partition_balanced(weights, 3)
+    first[1] = 99
+    assert partition_balanced(list(weights), 3) == [0, 3, 5, 8]
+    assert partition_balanced(weights, 3) is not partition_balanced(weights, 3)
+
+
 @pytest.mark.parametrize("method", ["profile", "random", "type", "parameter"])
 def test_unknown_method(method):
     layers = build_layers(make_config().model, 1, 128)
