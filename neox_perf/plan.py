@@ -277,7 +277,8 @@ class Planner:
         # `check`'s quick search around the user's layout `near`: every pipeline depth, tensor
         # parallelism within a node (and the user's own), checkpointing on and off, but only the
         # user's micro-batch, ZeRO stage and partition method -- with `spare`, also the most
-        # memory-sparing (micro-batch 1, ZeRO 1); it times only its best estimates
+        # memory-sparing (micro-batch 1, ZeRO 1); it times only its best estimates and leaves
+        # the user's own layout (the plan's baselines) to the caller
         self.near = near
         self.spare = spare
         # (mp, micro, pipeline engine) -> per-layer and end-of-pipe seconds, for the bound
@@ -580,7 +581,8 @@ class Planner:
                 pending.pop(world, None)
             for code, n in counts.items():
                 rejected[code] = rejected.get(code, 0) + n
-        baselines = [self.baseline(w, batch) for w in gpus]
+        # the quick search's caller (check) has judged and predicted the user's layout itself
+        baselines = [] if self.near is not None else [self.baseline(w, batch) for w in gpus]
         candidates = self.predict_admitted(admitted, batch, baselines)
         timed = len(candidates)
         rank(candidates)
@@ -711,19 +713,24 @@ class Planner:
                cfg.parallel.pipe_parallel_size >= 1)
         unit = self._units.get(key)
         one = None
+        missing = unit is None or any((s.index == 0, s.index == last) not in unit[2] for s in stages)
         if self.near is not None and tails is None:
             # The quick search ranks by this estimate (a bound only without engine terms) and
             # times few layouts, so it needs every layout's gradient sync and update: they come
             # from a prediction of one micro-batch (the 1F1B timeline costs micro-batches x
-            # stages; per-micro-batch stage times, the sync and the update do not depend on them).
+            # stages; per-micro-batch stage times, the sync and the update do not depend on them),
+            # of the sync and the update alone where the stage times are known already.
             tkey = _tail_key(cfg)
             tails = self._quick_tails.get(tkey)
             if tails is None:
-                one = self._one_micro_batch(cfg, derived)
+                if missing:
+                    one = self._one_micro_batch(cfg, derived)
+                    parts = [(t.grad_allreduce, t.optimizer, t.param_allgather) for t in one.stages]
+                else:
+                    parts = self._one_micro_batch_update(cfg, derived)
                 per = cfg.training.gradient_accumulation_steps if cfg.training.zero_stage >= 2 else 1
-                tails = self._quick_tails[tkey] = tuple(
-                    t.grad_allreduce * per + t.optimizer + t.param_allgather for t in one.stages)
-        if unit is None or any((s.index == 0, s.index == last) not in unit[2] for s in stages):
+                tails = self._quick_tails[tkey] = tuple(g * per + o + a for g, o, a in parts)
+        if missing:
             if self.near is not None:
                 cand, est = None, one or self._one_micro_batch(cfg, derived)
             else:
@@ -758,15 +765,24 @@ class Planner:
         # The timeline adds the same terms in another order: allow for rounding.
         return best * (1 - 1e-9) * batch / cfg.training.train_batch_size
 
-    def _one_micro_batch(self, cfg, derived):
-        """The estimate of `cfg` run with one micro-batch per iteration (same stages, shapes)."""
+    @staticmethod
+    def _one(cfg):
+        """`cfg` run with one micro-batch per iteration (same stages, shapes)."""
         from dataclasses import replace
-        from .predict import predict
         t = cfg.training
-        one = replace(cfg, training=replace(t, gradient_accumulation_steps=1,
-                                            train_batch_size=t.micro_batch_size
-                                            * cfg.parallel.data_parallel_size))
-        return predict(one, derived, self.profile).estimate
+        return replace(cfg, training=replace(t, gradient_accumulation_steps=1,
+                                             train_batch_size=t.micro_batch_size
+                                             * cfg.parallel.data_parallel_size))
+
+    def _one_micro_batch(self, cfg, derived):
+        """The estimate of `cfg` run with one micro-batch per iteration."""
+        from .predict import predict
+        return predict(self._one(cfg), derived, self.profile).estimate
+
+    def _one_micro_batch_update(self, cfg, derived):
+        """Per stage (gradient sync, optimizer step, parameter all-gather) of that estimate."""
+        from .predict import update_seconds
+        return update_seconds(self._one(cfg), derived, self.profile)
 
     def predict_admitted(self, admitted: List[tuple], batch: int,
                          baselines: List[Baseline]) -> List[Candidate]:

@@ -16,7 +16,7 @@ from .operators import FP32_FROM_FP16, Decomposition, decompose, stage_shapes
 from .profile.protocol import Profile
 from .profile.sections import Calibration
 
-__all__ = ["Prediction", "stage_shapes", "predict", "load_cluster", "calibration"]
+__all__ = ["Prediction", "stage_shapes", "predict", "update_seconds", "load_cluster", "calibration"]
 
 
 @dataclass(frozen=True)
@@ -36,17 +36,30 @@ def predict(cfg, derived, profile: Profile, *, precision: Optional[str] = None,
     precision: what the run really computes in when that differs from the config (the
     reference workload runs fp32 on a CPU); default the config's.
     """
-    from .predictors import achievable
-    decomp = decompose(cfg, derived.padded_vocab, stage_shapes(derived, transformer_layers),
-                       precision=precision)
-    # one rule for every command: the run's precision priced on the profile's GPU, no call
-    # faster than its achievable rate (refused in one line where that cannot be done honestly)
-    limits = achievable.limits(profile, decomp.precision)
+    decomp, limits = _decomposed(cfg, derived, profile, precision, transformer_layers)
     if FP32_FROM_FP16 in decomp.notes:  # the samples were 16-bit only where limits rescaled them
         note = limits.note() if limits is not None else None
         decomp = replace(decomp, notes=tuple(note if n == FP32_FROM_FP16 else n
                                              for n in decomp.notes if n != FP32_FROM_FP16 or note))
     return Prediction(decomp, estimate(decomp, profile, limits=limits))
+
+
+def _decomposed(cfg, derived, profile: Profile, precision=None, transformer_layers=None):
+    from .predictors import achievable
+    decomp = decompose(cfg, derived.padded_vocab, stage_shapes(derived, transformer_layers),
+                       precision=precision)
+    # one rule for every command: the run's precision priced on the profile's GPU, no call
+    # faster than its achievable rate (refused in one line where that cannot be done honestly)
+    return decomp, achievable.limits(profile, decomp.precision)
+
+
+def update_seconds(cfg, derived, profile: Profile):
+    """Per stage, (gradient sync, optimizer step, parameter all-gather) seconds per iteration,
+    as predict() times them (its estimate's stages: grad_allreduce, optimizer, param_allgather)
+    and nothing else of the iteration."""
+    from .estimate import stage_tails
+    decomp, limits = _decomposed(cfg, derived, profile)
+    return stage_tails(decomp, profile, limits=limits)
 
 
 def calibration(profile: Profile) -> Calibration:

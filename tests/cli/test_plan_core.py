@@ -45,6 +45,41 @@ def test_every_candidate_equals_the_straightforward_path(write_yaml):
     assert pl.shared.builds < plan.evaluated / 4  # structures really are shared
 
 
+def test_update_seconds_equal_the_full_prediction(write_yaml):
+    """The quick search's gradient sync, optimizer step and parameter all-gather per stage,
+    timed alone (predict.update_seconds), == the full prediction's stages, on every layout of a
+    plan (ZeRO 0/1/2, pipelines or not), with and without engine terms."""
+    from dataclasses import replace as dc_replace
+    from neox_perf.engine_terms import EngineSection
+    from neox_perf.predict import update_seconds
+    pl, profile = planner(write_yaml("small.yml", SMALL), keep=0)
+    plan = pl.run([8])
+
+    class WithEngine:  # the profile with engine terms measured in the run's precision
+        manifest = dc_replace(profile.manifest, engine=EngineSection.parse({
+            "precision": "fp16", "optimizer_step": {"coef": {"t0": 0.5, "per_tensor": 1e-4,
+                                                             "per_param": 1e-9}},
+            "grad_flatten": {"coef": {"t0": 0.25, "per_param": 1e-10}},
+            "zero_step": {"coef": {"t0": 4e-3, "per_param": 2e-9}, "stage": 1, "processes": 2},
+            "zero_reduce": {"coef": {"t0": 1e-3, "per_param": 1e-10}, "stage": 1, "processes": 2}}))
+
+        def __getattr__(self, name):
+            return getattr(profile, name)
+    zeros, engine_moved = set(), 0
+    for cand in plan.candidates:
+        cfg, _, _ = pl.build(8, pl.overrides(cand.layout))
+        one = pl._one(cfg)
+        derived = pl.shared(cfg)
+        got = []
+        for prof in (profile, WithEngine()):
+            full = predict(one, derived, prof).estimate.stages
+            got.append(update_seconds(one, derived, prof))
+            assert got[-1] == tuple((t.grad_allreduce, t.optimizer, t.param_allgather) for t in full)
+        zeros.add(cand.layout.zero_stage)
+        engine_moved += got[0] != got[1]
+    assert zeros == {0, 1, 2} and engine_moved == len(plan.candidates)
+
+
 def test_lower_bound_never_exceeds_the_timeline(write_yaml):
     pl, _ = planner(write_yaml("small.yml", SMALL), keep=0)
     plan = pl.run([8, 16])
