@@ -316,11 +316,12 @@ def stage_tails(decomp: Decomposition, profile: Profile,
 
 
 def estimate(decomp: Decomposition, profile: Profile, terms: Optional[StepTerms] = None,
-             limits=None) -> IterationEstimate:
+             limits=None, events: bool = True) -> IterationEstimate:
     """terms: the step terms to apply (default: the profile's own; fitting passes its trials).
     limits: the run's precision rescale and achievable-rate cap on the profile's GPU
     (predictors.achievable.limits, which predict.predict and the step-term fit pass); None
-    prices operators as the profile predicts them."""
+    prices operators as the profile predicts them. events: False leaves the timeline's events
+    out (timeline.simulate_1f1b), nothing else."""
     from .timeline import eq7_seconds
     engine = EngineTerms.of(profile, decomp)
     own_terms, intervals = of_profile(profile)
@@ -331,7 +332,7 @@ def estimate(decomp: Decomposition, profile: Profile, terms: Optional[StepTerms]
                        tied_allreduce=t.tied_allreduce, optimizer=t.optimizer,
                        param_allgather=t.param_allgather) for t in times]
     m = decomp.micro_batches
-    tl = simulate_1f1b(costs, m)
+    tl = simulate_1f1b(costs, m, events=events)
     crit = tl.critical_stage
     c = tl.components
     first_layer_stage = next((t for t in times if t.layer_forward > 0), times[0])

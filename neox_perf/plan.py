@@ -485,7 +485,7 @@ class Planner:
     def _evaluate(self, cfg, derived, batch: int):
         from .predict import predict
         from .result import mfu_peak
-        pred = predict(cfg, derived, self.profile)
+        pred = predict(cfg, derived, self.profile, timeline_events=False)  # a row reads no event
         est = pred.estimate
         self._tails[_tail_key(cfg)] = tuple(t.grad_allreduce + t.optimizer + t.param_allgather
                                             for t in est.stages)
@@ -777,7 +777,7 @@ class Planner:
     def _one_micro_batch(self, cfg, derived):
         """The estimate of `cfg` run with one micro-batch per iteration."""
         from .predict import predict
-        return predict(self._one(cfg), derived, self.profile).estimate
+        return predict(self._one(cfg), derived, self.profile, timeline_events=False).estimate
 
     def _one_micro_batch_update(self, cfg, derived):
         """Per stage (gradient sync, optimizer step, parameter all-gather) of that estimate."""

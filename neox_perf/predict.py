@@ -30,18 +30,21 @@ class Prediction:
 
 
 def predict(cfg, derived, profile: Profile, *, precision: Optional[str] = None,
-            transformer_layers: Optional[Sequence[int]] = None) -> Prediction:
+            transformer_layers: Optional[Sequence[int]] = None,
+            timeline_events: bool = True) -> Prediction:
     """Time one training iteration of ``cfg`` (already derived) on ``profile``'s cluster.
 
     precision: what the run really computes in when that differs from the config (the
     reference workload runs fp32 on a CPU); default the config's.
+    timeline_events: False for callers that read no event of the 1F1B timeline (the planner):
+    the same prediction, its timeline's events left out.
     """
     decomp, limits = _decomposed(cfg, derived, profile, precision, transformer_layers)
     if FP32_FROM_FP16 in decomp.notes:  # the samples were 16-bit only where limits rescaled them
         note = limits.note() if limits is not None else None
         decomp = replace(decomp, notes=tuple(note if n == FP32_FROM_FP16 else n
                                              for n in decomp.notes if n != FP32_FROM_FP16 or note))
-    return Prediction(decomp, estimate(decomp, profile, limits=limits))
+    return Prediction(decomp, estimate(decomp, profile, limits=limits, events=timeline_events))
 
 
 def _decomposed(cfg, derived, profile: Profile, precision=None, transformer_layers=None):

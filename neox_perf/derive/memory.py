@@ -206,15 +206,19 @@ class _Stage:
         self.embedding = sum(b for _, b in embedding_saved(self.ctx)) if self.first else 0.0
         # pipeline slots in use: DeepSpeed keeps max(2, min(pp - s, gas)) buffers, filled in turn
         self.slots = min(max(2, min(num_stages - stage, self.gas)), self.gas) if self.pipelined else 1
-        self._kinds: Dict[tuple, Tuple[float, int]] = {}
+        # (bytes, tensors) one micro-batch of each block keeps, worked out once per kind
+        kinds: Dict[tuple, Tuple[float, int]] = {}
+        self._saved: Dict[int, Tuple[float, int]] = {}
+        for l in self.blocks:
+            k = (l.name, l.attention_type, l.moe)
+            hit = kinds.get(k)
+            if hit is None:
+                hit = kinds[k] = _saved(self.ctx, _Block(*k))
+            self._saved[id(l)] = hit  # the stage's own layers, alive as long as it is
 
     def saved(self, layer) -> Tuple[float, int]:
         """(bytes, tensors) one micro-batch of block `layer` keeps (activations.block_saved)."""
-        kind = _kind(layer)
-        hit = self._kinds.get(kind)
-        if hit is None:
-            hit = self._kinds[kind] = _saved(self.ctx, kind)
-        return hit
+        return self._saved[id(layer)]
 
     # -- per micro-batch ---------------------------------------------------------------------
     def _rotary_copies(self) -> float:
