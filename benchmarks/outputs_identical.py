@@ -9,6 +9,12 @@ behind (manifest.json, and arrays.npz member by member).
     python benchmarks/outputs_identical.py --base main             # main vs this checkout
     python benchmarks/outputs_identical.py --base main --head HEAD  # two commits
     python benchmarks/outputs_identical.py --base main --work /tmp/ident --quick
+    python benchmarks/outputs_identical.py --base main --checks     # `check` only, no inputs
+
+--checks runs `check` alone (no calibrated profile, no hooked run: seconds, not minutes) on the
+bundled examples and on GPT-NeoX's own configs from ../shared when present, at several GPU
+counts and bundled clusters -- out-of-memory verdicts with the planner's layout that fits, the
+faster-layout search, refusals -- as --json and as text.
 
 Each revision runs from a copy of its files (`git archive`; "WORKTREE" is this checkout as it
 is, untracked files included) through a folder that lays the repository out as the installed package (hooks/,
@@ -90,8 +96,12 @@ WORKLOAD = {"num_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "seq_l
             "gradient_accumulation_steps": 2, "optimizer": {"type": "Adam", "params": {"lr": 0.003}}}
 VOCAB = 500
 # Keys whose values are fresh measurements or clock readings (see the docstring).
-TIMING = {"seconds", "time"}
+TIMING = {"seconds", "time", "search_seconds"}  # check: what its quick search took
 TEXT_TIMING = re.compile(r"\bin \d+(\.\d+)? s\b")  # e.g. plan's "searched 2,082 layouts in 3.7 s"
+# --checks: GPU counts x bundled clusters every NeoX config is checked at (4-GPU and 1-GPU
+# A100 nodes, 1-GPU GH200 nodes: out of memory, the fitting-layout and faster-layout searches)
+CHECK_GPUS = ("8", "16", "128")
+CHECK_CLUSTERS = ("perlmutter-a100", "vista-gh200")
 MEASURED = re.compile(r"measured|error|^iterations$|^notes$|mean_absolute|max_absolute|mean_signed")
 
 
@@ -229,6 +239,38 @@ def _cases(quick: bool, src: Path):
     yield "from-run refit", ["calibrate", "--cluster", "ident", "--from-run", "{home}/run", "--json"], "json"
 
 
+def _neox_configs():
+    """GPT-NeoX's own configs from the project's shared data (tests/conftest.py's lookup), each
+    file one config; none when ../shared is absent."""
+    shared = next((p.parent / "shared" for p in [REPO, *REPO.parents]
+                   if p.name and (p.parent / "shared" / "data").is_dir()), None)
+    root = shared / "data" / "gpt-neox-configs" if shared else None
+    if root is None or not root.is_dir():
+        return []
+    return sorted(p for p in root.rglob("*.yml") if "finetuning" not in p.parts)
+
+
+def _check_cases(src: Path):
+    """(name, argv, kind) of --checks: `check` alone, on every input that needs no profile of
+    our own making."""
+    for ex in EXAMPLES:
+        path = str(src / "neox_perf" / "examples" / ex)
+        for gpus in ("8", "64"):
+            for c in (None,) + BUNDLED:
+                where = ["--cluster", c] if c else []
+                yield (f"check {ex} --gpus {gpus} {c or '(no cluster)'}",
+                       ["check", path, "--gpus", gpus, *where, "--json"], "json")
+        yield f"check {ex} text", ["check", path, "--gpus", "64", "--cluster", "perlmutter-a100"], "text"
+    for cfg in _neox_configs():
+        name = "/".join(cfg.parts[-2:]) if cfg.parent.name != "gpt-neox-configs" else cfg.name
+        for gpus in CHECK_GPUS:
+            for c in CHECK_CLUSTERS:
+                yield (f"check {name} --gpus {gpus} {c}",
+                       ["check", str(cfg), "--gpus", gpus, "--cluster", c, "--json"], "json")
+        yield (f"check {name} --gpus 16 text",
+               ["check", str(cfg), "--gpus", "16", "--cluster", "perlmutter-a100"], "text")
+
+
 def _strip(value, drop):
     if isinstance(value, dict):
         return {k: _strip(v, drop) for k, v in value.items() if not drop(k)}
@@ -303,13 +345,16 @@ def _profiles(home: Path):
     return out
 
 
-def _outputs(rev: Revision, work: Path, quick: bool):
+def _outputs(rev: Revision, work: Path, quick: bool, checks: bool = False):
     home, cwd = work / "home", work / "cwd"
     shutil.rmtree(home, ignore_errors=True)
-    shutil.copytree(work / "inputs", home, symlinks=True)
+    if checks:
+        home.mkdir(parents=True)
+    else:
+        shutil.copytree(work / "inputs", home, symlinks=True)
     cwd.mkdir(exist_ok=True)
     results = {}
-    for name, argv, kind in _cases(quick, rev.src):
+    for name, argv, kind in (_check_cases(rev.src) if checks else _cases(quick, rev.src)):
         argv = [a.replace("{home}", str(home)) for a in argv]
         print(f"  {rev.label}: {name}", flush=True)
         results[name] = _output(rev.run(argv, home, cwd), kind, str(rev.src))
@@ -344,17 +389,20 @@ def main(argv=None) -> int:
                                    "the inputs made in it are reused by the next run")
     ap.add_argument("--quick", action="store_true",
                     help="check, plan, report and clusters only (no calibrate, validate, --from-run)")
+    ap.add_argument("--checks", action="store_true",
+                    help="`check` only, on the examples and GPT-NeoX's configs (no inputs to make)")
     args = ap.parse_args(argv)
     work = Path(args.work).resolve() if args.work else Path(tempfile.mkdtemp(prefix="outputs-identical-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
         base = Revision("base", args.base, work)
         head = Revision("head", args.head, work)
-        _make_inputs(base, work)
+        if not args.checks:
+            _make_inputs(base, work)
         got = {}
         for rev in (base, head):
             print(f"{rev.label} = {rev.rev}", flush=True)
-            got[rev.label] = _outputs(rev, work, args.quick)
+            got[rev.label] = _outputs(rev, work, args.quick, args.checks)
         bad = 0
         for name in got["base"]:
             diffs = _diff(got["base"][name], got["head"][name])

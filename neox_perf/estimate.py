@@ -195,24 +195,32 @@ class _Cache:
                    if isinstance(c, CommCall) and c.purpose == purpose)
 
 
+def _update(work: StageWork, cache: _Cache, engine: Optional[EngineTerms]) -> Tuple[float, float]:
+    """(optimizer step before the profile's per-step term, gradient sync) of one stage per
+    iteration: what _stage_times and stage_tails time alike."""
+    optimizer = cache.time(work.optimizer)
+    grad_sync = cache.total(work.grad_sync)
+    if engine is not None:
+        step = engine.optimizer(work.params_per_rank, work.param_tensors,
+                                work.optimizer.feature_dict()["params"])
+        optimizer = optimizer if step is None else step
+        grad_sync += engine.grad_reduce(work.params_per_rank)
+    return optimizer, grad_sync
+
+
 def _stage_times(work: StageWork, cache: _Cache, engine: Optional[EngineTerms] = None,
                  pipeline_engine: bool = False) -> StageTimes:
     lf = cache.total(work.layer_forward)
     lb = cache.total(work.layer_backward)
     n = work.transformer_layers
     extra_f = extra_b = 0.0
-    optimizer = cache.time(work.optimizer)
-    grad_sync = cache.total(work.grad_sync)
+    optimizer, grad_sync = _update(work, cache, engine)
     if engine is not None:
         lf += engine.layer("forward", cache.operators(work.layer_forward))
         lb += engine.layer("backward", cache.operators(work.layer_backward))
         extra_f = engine.other("forward", cache.operators(work.forward), work.logits_elements)
         extra_b = (engine.other("backward", cache.operators(work.backward), work.logits_elements)
                    + engine.accumulate(work.params_per_rank, work.param_tensors))
-        step = engine.optimizer(work.params_per_rank, work.param_tensors,
-                                work.optimizer.feature_dict()["params"])
-        optimizer = optimizer if step is None else step
-        grad_sync += engine.grad_reduce(work.params_per_rank)
     recompute = work.recompute_layers * lf
     # the engine's own per-micro-batch work (instructions, data, loss scaling) and per-step
     # bookkeeping, where the profile's step terms measured them
@@ -292,12 +300,29 @@ def _inter_node_seconds(work: StageWork, cache: _Cache, micro_batches: int) -> O
     return seconds if crosses else None
 
 
+def stage_tails(decomp: Decomposition, profile: Profile,
+                limits=None) -> Tuple[Tuple[float, float, float], ...]:
+    """Per stage, (gradient sync, optimizer step, parameter all-gather) seconds per iteration:
+    the StageTimes fields estimate() gives them (grad_allreduce, optimizer, param_allgather),
+    without the layers, the timeline and the rest (the planner's quick search needs these of
+    many layouts; tests/cli/test_plan_core.py holds them equal)."""
+    engine = EngineTerms.of(profile, decomp)
+    own_terms, _ = of_profile(profile)
+    cache = _Cache(profile, engine, own_terms, limits)
+    out = []
+    for work in decomp.stages:
+        optimizer, grad_sync = _update(work, cache, engine)
+        out.append((grad_sync, optimizer + cache.terms.step_s, cache.total(work.param_allgather)))
+    return tuple(out)
+
+
 def estimate(decomp: Decomposition, profile: Profile, terms: Optional[StepTerms] = None,
-             limits=None) -> IterationEstimate:
+             limits=None, events: bool = True) -> IterationEstimate:
     """terms: the step terms to apply (default: the profile's own; fitting passes its trials).
     limits: the run's precision rescale and achievable-rate cap on the profile's GPU
     (predictors.achievable.limits, which predict.predict and the step-term fit pass); None
-    prices operators as the profile predicts them."""
+    prices operators as the profile predicts them. events: False leaves the timeline's events
+    out (timeline.simulate_1f1b), nothing else."""
     from .timeline import eq7_seconds
     engine = EngineTerms.of(profile, decomp)
     own_terms, intervals = of_profile(profile)
@@ -309,7 +334,7 @@ def estimate(decomp: Decomposition, profile: Profile, terms: Optional[StepTerms]
                        param_allgather=t.param_allgather) for t in times]
     m = decomp.micro_batches
     try:
-        tl = simulate_1f1b(costs, m)
+        tl = simulate_1f1b(costs, m, events=events)
     except StageCostError as exc:
         # Every term is kept a time where it is priced (an engine term's floor, the step terms'
         # own validation); should one still come out negative, the user sees which profile and

@@ -185,9 +185,11 @@ class SharedDerive:
             self._structure[key] = hit
         return hit
 
-    def __call__(self, cfg, stop_above: Optional[float] = None):
+    def __call__(self, cfg, stop_above: Optional[float] = None, memories: Optional[dict] = None):
         """derive(cfg); with `stop_above` (bytes), None as soon as one stage needs more (the
-        first and last stages, the usual peaks, are computed first)."""
+        first and last stages, the usual peaks, are computed first). `memories` (stage ->
+        StageMemory) holds the stages of cfg computed so far and is filled in: a later call for
+        the same cfg starts from where a stopped one left off."""
         from .derive import DeriveOptions
         from .derive.flops import flops
         from .derive.layers import recomputed_layers
@@ -201,15 +203,17 @@ class SharedDerive:
         num_stages = parallel.num_stages
         pipelined = parallel.pipe_parallel_size >= 1
         order = [0] + list(range(num_stages - 1, 0, -1))
-        memories = {}
+        memories = {} if memories is None else memories
         for s in order:
-            mem = stage_memory(stage=s, num_stages=num_stages, layers=layers[parts[s]:parts[s + 1]],
-                               model=model, parallel=parallel, training=training, padded_vocab=vocab,
-                               stage_params=counts[s].per_rank, largest_layer_params=largest,
-                               gpu_memory_bytes=self.gpu_memory_bytes, opts=opts)
+            mem = memories.get(s)
+            if mem is None:
+                mem = memories[s] = stage_memory(
+                    stage=s, num_stages=num_stages, layers=layers[parts[s]:parts[s + 1]],
+                    model=model, parallel=parallel, training=training, padded_vocab=vocab,
+                    stage_params=counts[s].per_rank, largest_layer_params=largest,
+                    gpu_memory_bytes=self.gpu_memory_bytes, opts=opts)
             if stop_above is not None and mem.device_total > stop_above:
                 return None
-            memories[s] = mem
         stages = []
         for s in range(num_stages):
             chunk = layers[parts[s]:parts[s + 1]]
@@ -273,7 +277,8 @@ class Planner:
         # `check`'s quick search around the user's layout `near`: every pipeline depth, tensor
         # parallelism within a node (and the user's own), checkpointing on and off, but only the
         # user's micro-batch, ZeRO stage and partition method -- with `spare`, also the most
-        # memory-sparing (micro-batch 1, ZeRO 1); it times only its best estimates
+        # memory-sparing (micro-batch 1, ZeRO 1); it times only its best estimates and leaves
+        # the user's own layout (the plan's baselines) to the caller
         self.near = near
         self.spare = spare
         # (mp, micro, pipeline engine) -> per-layer and end-of-pipe seconds, for the bound
@@ -480,7 +485,7 @@ class Planner:
     def _evaluate(self, cfg, derived, batch: int):
         from .predict import predict
         from .result import mfu_peak
-        pred = predict(cfg, derived, self.profile)
+        pred = predict(cfg, derived, self.profile, timeline_events=False)  # a row reads no event
         est = pred.estimate
         self._tails[_tail_key(cfg)] = tuple(t.grad_allreduce + t.optimizer + t.param_allgather
                                             for t in est.stages)
@@ -555,11 +560,13 @@ class Planner:
                         duplicates += 1
                         continue
                 if rej is None:
-                    derived = self.shared(cfg, stop_above=self.headroom * self.usable)
+                    memories: dict = {}
+                    derived = self.shared(cfg, stop_above=self.headroom * self.usable,
+                                          memories=memories)
                     if derived is None:
                         rej = _Rejection("out_of_memory")
                         if world not in admitted_worlds:  # for the "no layout" line, if it comes
-                            pending.setdefault(world, []).append(cfg)
+                            pending.setdefault(world, []).append((cfg, memories))
                     else:
                         rej = self.memory(derived)
                 if rej is not None:
@@ -574,7 +581,8 @@ class Planner:
                 pending.pop(world, None)
             for code, n in counts.items():
                 rejected[code] = rejected.get(code, 0) + n
-        baselines = [self.baseline(w, batch) for w in gpus]
+        # the quick search's caller (check) has judged and predicted the user's layout itself
+        baselines = [] if self.near is not None else [self.baseline(w, batch) for w in gpus]
         candidates = self.predict_admitted(admitted, batch, baselines)
         timed = len(candidates)
         rank(candidates)
@@ -582,11 +590,9 @@ class Planner:
         rank(candidates)
         for b in baselines:
             self.rank_baseline(b, candidates)
-        for world, cfgs in pending.items():
+        for world, stopped in pending.items():
             # Nothing fits on these GPUs: name the layout that comes closest.
-            fractions = [(max(s.memory.device_total for s in self.shared(c).stages) / self.usable, c)
-                         for c in cfgs]
-            fraction, cfg = min(fractions, key=lambda fc: fc[0])
+            fraction, cfg = self.closest(stopped)
             per_gpus_rejected[world]["out_of_memory"] = _Rejection(
                 "out_of_memory", _describe(layout_of(cfg)), fraction)
         no_layout = {w: self.no_layout_line(w, per_gpus_counts[w], per_gpus_rejected[w])
@@ -600,6 +606,32 @@ class Planner:
                     duplicates=duplicates,
                     rejected=dict(sorted(rejected.items(), key=lambda kv: -kv[1])),
                     no_layout=no_layout, seconds=time.perf_counter() - start)
+
+    def closest(self, stopped: List[tuple]) -> Tuple[float, object]:
+        """(fraction of the usable memory, config) of the layout whose largest stage needs the
+        least -- the first such, in the order given -- among `stopped`: (config, the stages the
+        plan's loop computed before it stopped), none of which fits.
+
+        Branch and bound, equal to the minimum over every layout fully derived (a test holds it
+        so): a computed stage is a lower bound of its layout's largest, so layouts are taken
+        by that bound, a layout stops at its first stage above the best so far, and the search
+        ends when the next bound is above it. Out-of-memory plans of large models hold ~100
+        such layouts of up to 64 stages: deriving each in full was most of `check`'s time."""
+        order = sorted(range(len(stopped)),
+                       key=lambda i: max(m.device_total for m in stopped[i][1].values()))
+        best = None  # (total bytes, position in stopped)
+        for i in order:
+            cfg, memories = stopped[i]
+            if best is not None and max(m.device_total for m in memories.values()) > best[0]:
+                break
+            derived = self.shared(cfg, stop_above=None if best is None else best[0],
+                                  memories=memories)
+            if derived is None:
+                continue
+            total = max(s.memory.device_total for s in derived.stages)
+            if best is None or total < best[0] or (total == best[0] and i < best[1]):
+                best = (total, i)
+        return best[0] / self.usable, stopped[best[1]][0]
 
     def _prepare(self, gpus: Sequence[int]) -> None:
         """The model (layout-independent) from the user's config; stop on a layout-independent
@@ -681,19 +713,24 @@ class Planner:
                cfg.parallel.pipe_parallel_size >= 1)
         unit = self._units.get(key)
         one = None
+        missing = unit is None or any((s.index == 0, s.index == last) not in unit[2] for s in stages)
         if self.near is not None and tails is None:
             # The quick search ranks by this estimate (a bound only without engine terms) and
             # times few layouts, so it needs every layout's gradient sync and update: they come
             # from a prediction of one micro-batch (the 1F1B timeline costs micro-batches x
-            # stages; per-micro-batch stage times, the sync and the update do not depend on them).
+            # stages; per-micro-batch stage times, the sync and the update do not depend on them),
+            # of the sync and the update alone where the stage times are known already.
             tkey = _tail_key(cfg)
             tails = self._quick_tails.get(tkey)
             if tails is None:
-                one = self._one_micro_batch(cfg, derived)
+                if missing:
+                    one = self._one_micro_batch(cfg, derived)
+                    parts = [(t.grad_allreduce, t.optimizer, t.param_allgather) for t in one.stages]
+                else:
+                    parts = self._one_micro_batch_update(cfg, derived)
                 per = cfg.training.gradient_accumulation_steps if cfg.training.zero_stage >= 2 else 1
-                tails = self._quick_tails[tkey] = tuple(
-                    t.grad_allreduce * per + t.optimizer + t.param_allgather for t in one.stages)
-        if unit is None or any((s.index == 0, s.index == last) not in unit[2] for s in stages):
+                tails = self._quick_tails[tkey] = tuple(g * per + o + a for g, o, a in parts)
+        if missing:
             if self.near is not None:
                 cand, est = None, one or self._one_micro_batch(cfg, derived)
             else:
@@ -728,15 +765,24 @@ class Planner:
         # The timeline adds the same terms in another order: allow for rounding.
         return best * (1 - 1e-9) * batch / cfg.training.train_batch_size
 
-    def _one_micro_batch(self, cfg, derived):
-        """The estimate of `cfg` run with one micro-batch per iteration (same stages, shapes)."""
+    @staticmethod
+    def _one(cfg):
+        """`cfg` run with one micro-batch per iteration (same stages, shapes)."""
         from dataclasses import replace
-        from .predict import predict
         t = cfg.training
-        one = replace(cfg, training=replace(t, gradient_accumulation_steps=1,
-                                            train_batch_size=t.micro_batch_size
-                                            * cfg.parallel.data_parallel_size))
-        return predict(one, derived, self.profile).estimate
+        return replace(cfg, training=replace(t, gradient_accumulation_steps=1,
+                                             train_batch_size=t.micro_batch_size
+                                             * cfg.parallel.data_parallel_size))
+
+    def _one_micro_batch(self, cfg, derived):
+        """The estimate of `cfg` run with one micro-batch per iteration."""
+        from .predict import predict
+        return predict(self._one(cfg), derived, self.profile, timeline_events=False).estimate
+
+    def _one_micro_batch_update(self, cfg, derived):
+        """Per stage (gradient sync, optimizer step, parameter all-gather) of that estimate."""
+        from .predict import update_seconds
+        return update_seconds(self._one(cfg), derived, self.profile)
 
     def predict_admitted(self, admitted: List[tuple], batch: int,
                          baselines: List[Baseline]) -> List[Candidate]:

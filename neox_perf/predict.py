@@ -16,7 +16,7 @@ from .operators import FP32_FROM_FP16, Decomposition, decompose, stage_shapes
 from .profile.protocol import Profile
 from .profile.sections import Calibration
 
-__all__ = ["Prediction", "stage_shapes", "predict", "load_cluster", "calibration"]
+__all__ = ["Prediction", "stage_shapes", "predict", "update_seconds", "load_cluster", "calibration"]
 
 
 @dataclass(frozen=True)
@@ -30,23 +30,39 @@ class Prediction:
 
 
 def predict(cfg, derived, profile: Profile, *, precision: Optional[str] = None,
-            transformer_layers: Optional[Sequence[int]] = None) -> Prediction:
+            transformer_layers: Optional[Sequence[int]] = None,
+            timeline_events: bool = True) -> Prediction:
     """Time one training iteration of ``cfg`` (already derived) on ``profile``'s cluster.
 
     precision: what the run really computes in when that differs from the config (the
     reference workload runs fp32 on a CPU); default the config's.
+    timeline_events: False for callers that read no event of the 1F1B timeline (the planner):
+    the same prediction, its timeline's events left out.
     """
+    decomp, limits = _decomposed(cfg, derived, profile, precision, transformer_layers)
+    if FP32_FROM_FP16 in decomp.notes:  # the samples were 16-bit only where limits rescaled them
+        note = limits.note() if limits is not None else None
+        decomp = replace(decomp, notes=tuple(note if n == FP32_FROM_FP16 else n
+                                             for n in decomp.notes if n != FP32_FROM_FP16 or note))
+    return Prediction(decomp, estimate(decomp, profile, limits=limits, events=timeline_events))
+
+
+def _decomposed(cfg, derived, profile: Profile, precision=None, transformer_layers=None):
     from .predictors import achievable
     decomp = decompose(cfg, derived.padded_vocab, stage_shapes(derived, transformer_layers),
                        precision=precision)
     # one rule for every command: the run's precision priced on the profile's GPU, no call
     # faster than its achievable rate (refused in one line where that cannot be done honestly)
-    limits = achievable.limits(profile, decomp.precision)
-    if FP32_FROM_FP16 in decomp.notes:  # the samples were 16-bit only where limits rescaled them
-        note = limits.note() if limits is not None else None
-        decomp = replace(decomp, notes=tuple(note if n == FP32_FROM_FP16 else n
-                                             for n in decomp.notes if n != FP32_FROM_FP16 or note))
-    return Prediction(decomp, estimate(decomp, profile, limits=limits))
+    return decomp, achievable.limits(profile, decomp.precision)
+
+
+def update_seconds(cfg, derived, profile: Profile):
+    """Per stage, (gradient sync, optimizer step, parameter all-gather) seconds per iteration,
+    as predict() times them (its estimate's stages: grad_allreduce, optimizer, param_allgather)
+    and nothing else of the iteration."""
+    from .estimate import stage_tails
+    decomp, limits = _decomposed(cfg, derived, profile)
+    return stage_tails(decomp, profile, limits=limits)
 
 
 def calibration(profile: Profile) -> Calibration:

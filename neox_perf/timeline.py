@@ -209,36 +209,41 @@ def simulate_1f1b(
     *,
     p2p_rendezvous: bool = True,
     optimizer_sync: bool = True,
+    events: bool = True,
 ) -> Timeline:
     """Simulate one ``train_batch`` (gradient_accumulation_steps = micro_batches) of DeepSpeed's
-    PipelineEngine, stage by stage.  See the module docstring for what couples the stages."""
+    PipelineEngine, stage by stage.  See the module docstring for what couples the stages.
+    ``events=False``: the same timeline without its events (``events == ()``), for callers that
+    read only its times -- the planner times thousands of micro-batch x stage streams."""
     # ~4*p*m short-lived tuples and no reference cycles: cyclic GC passes triggered by them (full
     # ones are slow once torch is imported in the same process) would triple the worst case.
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _simulate(stages, micro_batches, p2p_rendezvous, optimizer_sync)
+        return _simulate(stages, micro_batches, p2p_rendezvous, optimizer_sync, events)
     finally:
         if gc_was_enabled:
             gc.enable()
 
 
-# Recent instruction-stream simulations, bounded by the events they hold.
+# Recent instruction-stream simulations, bounded by the events and stages they hold.
 _STREAMS: "OrderedDict[tuple, tuple]" = OrderedDict()
 _STREAM_EVENTS_MAX = 200_000
 
 
 def _remember(key, value) -> None:
     _STREAMS[key] = value
-    held = sum(len(v[0]) for v in _STREAMS.values())
+    held = sum(len(v[0]) + len(v[1]) for v in _STREAMS.values())
     while held > _STREAM_EVENTS_MAX and len(_STREAMS) > 1:
         _, old = _STREAMS.popitem(last=False)
-        held -= len(old[0])
+        held -= len(old[0]) + len(old[1])
 
 
-def _streams(p: int, m: int, fwd, bwd, send_act, send_grad, p2p_rendezvous: bool):
+def _streams(p: int, m: int, fwd, bwd, send_act, send_grad, p2p_rendezvous: bool,
+             record: bool = True):
     """Every stage's TrainSchedule stream up to its last backward: (events, clock, last backward
-    end, own p2p seconds) per stage."""
+    end, own p2p seconds) per stage. `record` False: no events (half the time of a long
+    stream; nothing else depends on them)."""
     progs = [_program(p, m, s) for s in range(p)]
 
     ptr = [0] * p
@@ -269,13 +274,15 @@ def _streams(p: int, m: int, fwd, bwd, send_act, send_grad, p2p_rendezvous: bool
             code, mb = prog[i]
             if code == _FWD:
                 e = t + fwd[s]
-                ev(_new(Event, (s, "forward", mb, t, e)))
+                if record:
+                    ev(_new(Event, (s, "forward", mb, t, e)))
                 t = e
                 i += 1
                 continue
             if code == _BWD:
                 e = t + bwd[s]
-                ev(_new(Event, (s, "backward", mb, t, e)))
+                if record:
+                    ev(_new(Event, (s, "backward", mb, t, e)))
                 t = e
                 last_bwd_end[s] = e
                 i += 1
@@ -289,7 +296,8 @@ def _streams(p: int, m: int, fwd, bwd, send_act, send_grad, p2p_rendezvous: bool
                     cost = send_act[s] if code == _SEND_ACT else send_grad[s]
                     e = t + cost
                     if cost > 0:
-                        ev(_new(Event, (s, "send_act" if code == _SEND_ACT else "send_grad", mb, t, e)))
+                        if record:
+                            ev(_new(Event, (s, "send_act" if code == _SEND_ACT else "send_grad", mb, t, e)))
                     sent[s] += cost
                     t = e
                     i += 1
@@ -299,7 +307,8 @@ def _streams(p: int, m: int, fwd, bwd, send_act, send_grad, p2p_rendezvous: bool
                         tr = posted[peer]
                         done = e if e > tr else tr
                         if done > tr:
-                            ev(_new(Event, (peer, "recv_wait", mb, tr, done)))
+                            if record:
+                                ev(_new(Event, (peer, "recv_wait", mb, tr, done)))
                         posted[peer] = None
                         clock[peer] = done
                         ptr[peer] += 1
@@ -317,7 +326,8 @@ def _streams(p: int, m: int, fwd, bwd, send_act, send_grad, p2p_rendezvous: bool
                     arrival = q[h[k]]
                     h[k] += 1
                     if arrival > t:
-                        ev(_new(Event, (s, "recv_wait", mb, t, arrival)))
+                        if record:
+                            ev(_new(Event, (s, "recv_wait", mb, t, arrival)))
                         t = arrival
                     i += 1
                     continue
@@ -342,11 +352,14 @@ def _streams(p: int, m: int, fwd, bwd, send_act, send_grad, p2p_rendezvous: bool
                     start = ts if ts > tr else tr
                     e = start + cost
                     if start > ts:
-                        ev(_new(Event, (sender, "send_wait", mb, ts, start)))
+                        if record:
+                            ev(_new(Event, (sender, "send_wait", mb, ts, start)))
                     if cost > 0:
-                        ev(_new(Event, (sender, "send_act" if scode == _SEND_ACT else "send_grad", mb, start, e)))
+                        if record:
+                            ev(_new(Event, (sender, "send_act" if scode == _SEND_ACT else "send_grad", mb, start, e)))
                     if e > tr:
-                        ev(_new(Event, (receiver, "recv_wait", mb, tr, e)))
+                        if record:
+                            ev(_new(Event, (receiver, "recv_wait", mb, tr, e)))
                     sent[sender] += cost
                     posted[peer] = None
                     clock[peer] = e
@@ -367,7 +380,7 @@ def _streams(p: int, m: int, fwd, bwd, send_act, send_grad, p2p_rendezvous: bool
 
 
 def _simulate(stages: Sequence[StageCost], micro_batches: int, p2p_rendezvous: bool,
-              optimizer_sync: bool) -> Timeline:
+              optimizer_sync: bool, record: bool = True) -> Timeline:
     stages = list(stages)
     p = len(stages)
     m = micro_batches
@@ -380,14 +393,17 @@ def _simulate(stages: Sequence[StageCost], micro_batches: int, p2p_rendezvous: b
     send_grad = [c.send_gradient for c in stages]
     # Layouts that differ only after the last backward (ZeRO stage, data-parallel sync, update)
     # replay the same instruction streams: simulate those once.
+    # (A stream simulated with its events serves a caller that wants none, not the reverse.)
     key = (tuple(fwd), tuple(bwd), tuple(send_act), tuple(send_grad), m, p2p_rendezvous)
-    hit = _STREAMS.get(key)
+    hit = _STREAMS.get(key + (True,))
+    if hit is None and not record:
+        hit = _STREAMS.get(key + (False,))
     if hit is None:
-        hit = _streams(p, m, fwd, bwd, send_act, send_grad, p2p_rendezvous)
-        _remember(key, hit)
+        hit = _streams(p, m, fwd, bwd, send_act, send_grad, p2p_rendezvous, record)
+        _remember(key + (record,), hit)
     stream_events, clock, last_bwd_end, sent = hit
     clock = list(clock)
-    events = list(stream_events)
+    events = list(stream_events) if record else []
     ev = events.append
     _new = tuple.__new__
 
@@ -458,7 +474,7 @@ def _simulate(stages: Sequence[StageCost], micro_batches: int, p2p_rendezvous: b
     })
     return Timeline(
         iteration_seconds=iteration,
-        events=tuple(events),
+        events=tuple(events) if record else (),
         busy=tuple(busy),
         idle=idle,
         bubble=tuple(bubble),

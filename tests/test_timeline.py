@@ -320,3 +320,24 @@ def test_p16_m128_runs_every_micro_batch():
     stages[0] = StageCost(0.06, 0.12, 0.002, 0.0, 0.3, tied_allreduce=0.05, optimizer=0.01)
     tl = simulate_1f1b(stages, 128)
     assert tl.iteration_seconds > 128 * 0.165
+
+
+@pytest.mark.parametrize("rendezvous", [True, False])
+def test_a_timeline_without_events_is_the_same_timeline(rendezvous):
+    """events=False (the planner's) leaves the events out and nothing else: every field equal,
+    whether its stream is simulated afresh or comes from one simulated with events, and a
+    stream simulated without events is never handed to a caller that wants them."""
+    from neox_perf import timeline as T
+    rng = random.Random(7)
+    for _ in range(30):
+        p, m = rng.randint(1, 9), rng.randint(1, 40)
+        stages = random_stages(rng, p, p2p=rng.random() < 0.8, tied=rng.random() < 0.5)
+        T._STREAMS.clear()
+        bare = simulate_1f1b(stages, m, p2p_rendezvous=rendezvous, events=False)
+        full = simulate_1f1b(stages, m, p2p_rendezvous=rendezvous)
+        again = simulate_1f1b(stages, m, p2p_rendezvous=rendezvous, events=False)
+        assert bare.events == () == again.events and len(full.events) >= 2 * p * m
+        for field in ("iteration_seconds", "busy", "idle", "bubble", "stage_ready", "grad_sync_end",
+                      "critical_stage"):
+            assert getattr(bare, field) == getattr(full, field) == getattr(again, field), field
+        assert dict(bare.components) == dict(full.components) == dict(again.components)

@@ -85,6 +85,7 @@ def build_layers(model: ModelSpec, mp: int, padded_vocab: int,
     layers = [_layer(0, EMBEDDING, "embedding", embed, tied_key=key),
               PipeLayer(1, PRE_BLOCK, "function", 0)]
     rpe = rpe_params(model, mp)
+    dense_or_moe = {}  # a transformer layer's count depends on its number only through MoE
     for i, attention_type in enumerate(model.attention_types):
         name = block_name(attention_type)
         index = len(layers)
@@ -99,9 +100,12 @@ def build_layers(model: ModelSpec, mp: int, padded_vocab: int,
         else:
             # Every layer's ParallelSelfAttention registers the one rpe module as a submodule, so a
             # layer built alone (DeepSpeed's parameter weighting) includes the whole table.
-            count = transformer_layer_params(model, mp, i) + rpe
+            moe = is_moe_layer(model, i)
+            count = dense_or_moe.get(moe)
+            if count is None:
+                count = dense_or_moe[moe] = transformer_layer_params(model, mp, i) + rpe
             layers.append(PipeLayer(index, name, "block", count.per_rank, count.replicated,
-                                    shared=rpe.per_rank, moe=is_moe_layer(model, i), **common))
+                                    shared=rpe.per_rank, moe=moe, **common))
     n = len(layers)
     layers.append(PipeLayer(n, POST_BLOCK, "function", 0))
     layers.append(_layer(n + 1, NORM, "norm", final_norm_params(model)))

@@ -20,7 +20,8 @@ verdict compares with the GPU.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from functools import lru_cache
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..config.specs import ModelSpec, ParallelSpec, TrainingSpec
 from .activations import (ActivationContext, BackwardPeak, block_backward, block_saved,
@@ -140,6 +141,34 @@ def stage_memory(*, stage: int, num_stages: int, layers: Sequence, model: ModelS
 _STEP = "optimizer step"
 
 
+class _Block(NamedTuple):
+    """What a block's saved tensors and backward read of its PipeLayer (activations.py): the
+    blocks of a model are a few kinds repeated, so each kind is worked out once (an attribute
+    activations.py starts to read and this leaves out fails loudly, never silently)."""
+    name: str
+    attention_type: Optional[str]
+    moe: bool
+
+
+def _kind(layer) -> _Block:
+    return _Block(layer.name, layer.attention_type, layer.moe)
+
+
+# Memoised per (context, kind): a plan derives hundreds of stages of the same few contexts
+# (one per micro-batch and tensor parallelism), each with tens of identical blocks.
+@lru_cache(maxsize=1024)
+def _saved(ctx: ActivationContext, kind: _Block) -> Tuple[float, int]:
+    """(bytes, tensors) one micro-batch of a block of this kind keeps until its backward."""
+    items = block_saved(ctx, kind)
+    return sum(b for _, b in items), len(items)
+
+
+@lru_cache(maxsize=1024)
+def _backward(ctx: ActivationContext, kind: _Block, accumulate: bool, incoming: float,
+              transposed: bool) -> BackwardPeak:
+    return block_backward(ctx, kind, accumulate, incoming, transposed=transposed)
+
+
 class _Stage:
     """One stage's tensors, gathered once; `moments()` builds the candidates."""
 
@@ -177,6 +206,19 @@ class _Stage:
         self.embedding = sum(b for _, b in embedding_saved(self.ctx)) if self.first else 0.0
         # pipeline slots in use: DeepSpeed keeps max(2, min(pp - s, gas)) buffers, filled in turn
         self.slots = min(max(2, min(num_stages - stage, self.gas)), self.gas) if self.pipelined else 1
+        # (bytes, tensors) one micro-batch of each block keeps, worked out once per kind
+        kinds: Dict[tuple, Tuple[float, int]] = {}
+        self._saved: Dict[int, Tuple[float, int]] = {}
+        for l in self.blocks:
+            k = (l.name, l.attention_type, l.moe)
+            hit = kinds.get(k)
+            if hit is None:
+                hit = kinds[k] = _saved(self.ctx, _Block(*k))
+            self._saved[id(l)] = hit  # the stage's own layers, alive as long as it is
+
+    def saved(self, layer) -> Tuple[float, int]:
+        """(bytes, tensors) one micro-batch of block `layer` keeps (activations.block_saved)."""
+        return self._saved[id(layer)]
 
     # -- per micro-batch ---------------------------------------------------------------------
     def _rotary_copies(self) -> float:
@@ -206,8 +248,8 @@ class _Stage:
                 if not copies or i == len(chunks) - 1:
                     kept += ctx.hidden  # the chunk's output, kept by whatever reads it next
             else:
-                kept += sum(sum(b for _, b in block_saved(ctx, l)) + self._rotary_copies()
-                            for l in blocks)
+                rot = self._rotary_copies()
+                kept += sum(self.saved(l)[0] + rot for l in blocks)
         return kept, out
 
     def stage_input(self) -> float:
@@ -323,7 +365,7 @@ class _Stage:
         """Separate allocations alive at the peak: the saved tensors of every micro-batch in
         flight, and the parameters' tensors (weights, gradients and, without a flat wrapper,
         the optimizer's two states per weight)."""
-        per_mb = sum(len(block_saved(self.ctx, l)) for l in self.blocks)
+        per_mb = sum(self.saved(l)[1] for l in self.blocks)
         per_param = 4 if self.layout.wrapper.startswith("torch") else 2
         weights = 12 * len(self.blocks) + 4
         return int(self.in_flight * per_mb + per_param * weights)
@@ -395,7 +437,7 @@ class _Stage:
         # the gradient arriving at the top block: the final norm's input gradient (last stage,
         # [b, s, h]); on other stages it is the received-gradient buffer (counted in buffers)
         incoming = ctx.gathered if self.last else 0.0
-        walk: BackwardPeak = block_backward(ctx, top, accumulate, incoming, transposed=self.last)
+        walk: BackwardPeak = _backward(ctx, _kind(top), accumulate, incoming, self.last)
         acts = in_flight * per_mb - self.head_items()
         if self.last:
             # _post_transformer_block's transposed copy replaced the top block's output
@@ -404,8 +446,8 @@ class _Stage:
             acts -= ctx.hidden - self.stage_output()
         if ckpt:
             # recomputed: the chunk's blocks, saved again; their output included
-            recomputed = sum(sum(b for _, b in block_saved(ctx, l)) + self._rotary_copies()
-                             for l in blocks)
+            rot = self._rotary_copies()
+            recomputed = sum(self.saved(l)[0] + rot for l in blocks)
             mo.add("recompute", recomputed - walk.released)
             mo.add("temporaries", self.model.seq_length ** 2)  # the mask's zero gradient
         else:

@@ -127,6 +127,25 @@ def test_out_of_memory_is_a_failed_verdict(write_yaml):
     assert any(v["code"] == "out_of_memory" and v["level"] == "fail" for v in data["verdicts"])
 
 
+def test_check_as_a_process_leaves_its_objects_to_the_exit():
+    """main() without arguments (the console script, python -m neox_perf) freezes what a check
+    leaves, so CPython's shutdown does not collect it; called with arguments (a test, a caller
+    that goes on), it does not, and its objects stay collectable."""
+    probe = ("import gc, sys, contextlib, io; from neox_perf.cli import main\n"
+             f"argv = ['check', r'{EXAMPLES / 'gpt-20b.yml'}', '--gpus', '128', '--cluster', "
+             "'perlmutter-a100', '--json']\n"
+             "with contextlib.redirect_stdout(io.StringIO()):\n"
+             "    main(argv)\n"
+             "    inside = gc.get_freeze_count()\n"
+             "    sys.argv = ['neox-perf'] + argv\n"
+             "    main()\n"
+             "print(inside, gc.get_freeze_count())")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    inside, ending = map(int, proc.stdout.split())
+    assert inside == 0 and ending > 10_000
+
+
 def test_check_imports_no_heavy_modules():
     probe = ("import sys; from neox_perf.cli import main; import contextlib, io\n"
              "with contextlib.redirect_stdout(io.StringIO()):\n"

@@ -45,6 +45,41 @@ def test_every_candidate_equals_the_straightforward_path(write_yaml):
     assert pl.shared.builds < plan.evaluated / 4  # structures really are shared
 
 
+def test_update_seconds_equal_the_full_prediction(write_yaml):
+    """The quick search's gradient sync, optimizer step and parameter all-gather per stage,
+    timed alone (predict.update_seconds), == the full prediction's stages, on every layout of a
+    plan (ZeRO 0/1/2, pipelines or not), with and without engine terms."""
+    from dataclasses import replace as dc_replace
+    from neox_perf.engine_terms import EngineSection
+    from neox_perf.predict import update_seconds
+    pl, profile = planner(write_yaml("small.yml", SMALL), keep=0)
+    plan = pl.run([8])
+
+    class WithEngine:  # the profile with engine terms measured in the run's precision
+        manifest = dc_replace(profile.manifest, engine=EngineSection.parse({
+            "precision": "fp16", "optimizer_step": {"coef": {"t0": 0.5, "per_tensor": 1e-4,
+                                                             "per_param": 1e-9}},
+            "grad_flatten": {"coef": {"t0": 0.25, "per_param": 1e-10}},
+            "zero_step": {"coef": {"t0": 4e-3, "per_param": 2e-9}, "stage": 1, "processes": 2},
+            "zero_reduce": {"coef": {"t0": 1e-3, "per_param": 1e-10}, "stage": 1, "processes": 2}}))
+
+        def __getattr__(self, name):
+            return getattr(profile, name)
+    zeros, engine_moved = set(), 0
+    for cand in plan.candidates:
+        cfg, _, _ = pl.build(8, pl.overrides(cand.layout))
+        one = pl._one(cfg)
+        derived = pl.shared(cfg)
+        got = []
+        for prof in (profile, WithEngine()):
+            full = predict(one, derived, prof).estimate.stages
+            got.append(update_seconds(one, derived, prof))
+            assert got[-1] == tuple((t.grad_allreduce, t.optimizer, t.param_allgather) for t in full)
+        zeros.add(cand.layout.zero_stage)
+        engine_moved += got[0] != got[1]
+    assert zeros == {0, 1, 2} and engine_moved == len(plan.candidates)
+
+
 def test_lower_bound_never_exceeds_the_timeline(write_yaml):
     pl, _ = planner(write_yaml("small.yml", SMALL), keep=0)
     plan = pl.run([8, 16])
@@ -85,6 +120,39 @@ def test_space_follows_neox_rules(write_yaml):
     mps = {c.layout.model_parallel_size for c in plan.candidates}
     assert mps and all(12 % mp == 0 for mp in mps)
     assert plan.rejected.get("heads_divisible_by_mp", 0) > 0  # mp 8 and 24 divide 24, not 12
+
+
+# 38B parameters: no layout of 8 GPUs fits
+BIG = (SMALL.replace("num_layers: 12", "num_layers: 48").replace("hidden_size: 1024", "hidden_size: 8192")
+       .replace("num_attention_heads: 16", "num_attention_heads: 64"))
+
+
+def test_closest_layout_is_the_least_memory_of_every_layout(write_yaml):
+    """The branch and bound naming the layout that comes closest to fitting == the minimum over
+    every out-of-memory layout derived in full by derive() (the first of equals: layouts whose
+    partition methods cut the same stages tie), and it derives a fraction of their stages."""
+    pl, profile = planner(write_yaml("big.yml", BIG), keep=2)
+    pl._prepare([8])
+    batch, _ = pl.global_batch([8])
+    stopped = []
+    for layout in pl.space(8, batch):
+        if pl._structural(layout) is not None:
+            continue
+        cfg, verdicts, _ = pl.build(8, pl.overrides(layout))
+        if pl.refuse(cfg, verdicts) is not None:
+            continue
+        memories = {}
+        assert pl.shared(cfg, stop_above=pl.headroom * pl.usable, memories=memories) is None
+        stopped.append((cfg, memories))
+    totals = [max(s.memory.device_total for s in derive(cfg, 50257, profile.facts.gpu_memory_bytes).stages)
+              for cfg, _ in stopped]
+    least = min(range(len(totals)), key=totals.__getitem__)
+    assert totals.count(totals[least]) > 1  # equals to choose among
+    before = sum(len(m) for _, m in stopped)
+    fraction, cfg = pl.closest(stopped)
+    assert cfg is stopped[least][0] and fraction == totals[least] / pl.usable > pl.headroom
+    stages = sum(c.parallel.num_stages for c, _ in stopped)
+    assert sum(len(m) for _, m in stopped) - before < (stages - before) / 4
 
 
 def test_nearest_global_batch_is_a_difference(write_yaml):

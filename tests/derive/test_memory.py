@@ -230,3 +230,26 @@ def test_the_pipeline_reduce_bucket_comes_at_step_time(neox20b):
     assert m.step_peak >= m.persistent + m.zero_buffers
     if m.total == m.step_peak:
         assert m.peak["buffers"] >= m.zero_buffers and m.peak["activations"] == 0
+
+
+def test_per_kind_memo_equals_each_block_worked_out_alone():
+    """memory.py works out a block's saved tensors and backward once per kind of block (its name,
+    attention type and MoE): on a model mixing every kind, each block's own answer is the
+    memo's, so nothing a block reads is left out of the kind."""
+    from neox_perf.derive.activations import block_backward, block_saved
+    from neox_perf.derive.layers import build_layers
+    from neox_perf.derive.memory import _backward, _kind, _saved
+    kinds = ("global", "flash", "local", "gmlp", "amlp", "global", "flash", "global")
+    cfg = small(attention_types=kinds, moe_num_experts=2, moe_expert_interval=2)
+    layers = [l for l in build_layers(cfg.model, 2, 1024, DeriveOptions()) if l.is_block]
+    assert len({_kind(l) for l in layers}) >= 5
+    ctx = ActivationContext(model=cfg.model, micro_batch=2, tp=2, seq_div=1, act_bytes=2,
+                            opts=DeriveOptions(hidden_dropout=0.1), partition_activations=False,
+                            pipelined=True)
+    for layer in layers:
+        items = block_saved(ctx, layer)
+        assert _saved(ctx, _kind(layer)) == (sum(b for _, b in items), len(items))
+        for accumulate in (False, True):
+            for incoming, transposed in ((0.0, False), (ctx.gathered, True)):
+                assert (_backward(ctx, _kind(layer), accumulate, incoming, transposed)
+                        == block_backward(ctx, layer, accumulate, incoming, transposed=transposed))

@@ -77,6 +77,39 @@ def test_uniform_helpers():
     assert partition_balanced([1], 3) == [0, 1, 1, 1]
 
 
+def test_balanced_row_at_a_time_equals_state_by_state(monkeypatch):
+    """The numpy DP (a row of states at once) and the Python one (state by state) cut alike:
+    whole and fractional weights, zeros, ties, as many stages as items and more."""
+    import importlib
+    import random
+    part = importlib.import_module("neox_perf.derive.partition")  # derive exports partition()
+    rng = random.Random(0)
+    cases = 0
+    for _ in range(150):
+        n = rng.randint(2, 70)
+        kind = rng.choice(("binary", "small", "float", "large"))
+        weights = [{"binary": lambda: rng.choice([0, 0, 1]), "small": lambda: rng.randint(0, 9),
+                    "float": lambda: rng.random() * 10,
+                    "large": lambda: rng.choice([0, 7, 3 * 10 ** 8, 10 ** 9])}[kind]()
+                   for _ in range(n)]
+        for m in range(1, n + 2):
+            monkeypatch.setattr(part, "_VECTORISE_ABOVE", 10 ** 18)
+            by_state = part._balanced.__wrapped__(tuple(weights), m)
+            monkeypatch.setattr(part, "_VECTORISE_ABOVE", -1)
+            assert part._balanced.__wrapped__(tuple(weights), m) == by_state, (weights, m)
+            cases += 1
+    assert cases > 4000
+
+
+def test_balanced_memo_hands_out_copies():
+    """partition_balanced is memoised: a caller changing its answer changes no later one."""
+    weights = [0, 1, 1, 1, 1, 1, 1, 0]
+    first = partition_balanced(weights, 3)
+    first[1] = 99
+    assert partition_balanced(list(weights), 3) == [0, 3, 5, 8]
+    assert partition_balanced(weights, 3) is not partition_balanced(weights, 3)
+
+
 @pytest.mark.parametrize("method", ["profile", "random", "type", "parameter"])
 def test_unknown_method(method):
     layers = build_layers(make_config().model, 1, 128)

@@ -153,3 +153,26 @@ def test_balanced_and_uniform_helpers_random():
         weights = [rng.choice([0, 1, 1, 2, 7, rng.randint(0, 10 ** 9)]) for _ in range(n)]
         assert partition_balanced(weights, m) == [int(x) for x in ds_balanced(weights, m)]
         assert partition_uniform(n, m) == [int(x) for x in ds_uniform(n, m)]
+
+
+def test_large_models_cut_in_many_stages():
+    """Past _VECTORISE_ABOVE the DP runs a row at a time in numpy: GPT-NeoX 175B-sized layer
+    lists (96 blocks) cut into up to 64 stages, and random weights as large."""
+    import random
+    from neox_perf.derive.partition import _VECTORISE_ABOVE
+    cfg = make_config(num_layers=96, hidden_size=1024, num_attention_heads=16)
+    for mp in (1, 4):
+        layers = build_layers(cfg.model, mp, 50304)
+        specs = ds_specs(layers)
+        for pp in (8, 16, 32, 48, 64):
+            check(layers, pp, "parameters", specs)
+            check(layers, pp, "type:transformer|mlp", specs)
+    rng = random.Random(1)
+    cases = 0
+    while cases < 40:
+        n, m = rng.randint(60, 110), rng.randint(4, 50)
+        if m * (n - m + 1) ** 2 <= _VECTORISE_ABOVE:
+            continue
+        cases += 1
+        weights = [rng.choice([0, 1, 1, 2, rng.randint(0, 10 ** 9)]) for _ in range(n)]
+        assert partition_balanced(weights, m) == [int(x) for x in ds_balanced(weights, m)]
