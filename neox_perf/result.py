@@ -9,6 +9,7 @@ from . import exitcodes
 from .config.specs import NeoxConfig
 from .config.tokenizer import RawVocab
 from .config.verdicts import Verdict
+from .profile.disturbance import profile_warnings
 from .profile.facts import ClusterFacts
 from .profile.protocol import Profile
 from .step_terms import StepTermsSection
@@ -39,6 +40,11 @@ class CheckResult:
         return exitcodes.OK
 
     @property
+    def profile_warnings(self) -> List[str]:
+        """What the profile says about itself (a disturbed calibration), for every report."""
+        return profile_warnings(self.profile) if self.profile is not None else []
+
+    @property
     def run_iterations(self) -> Optional[int]:
         return self.config.training.train_iters
 
@@ -66,6 +72,7 @@ class CheckResult:
             "tokens": _plain(d.tokens) if d else None,
             "verdicts": [dataclasses.asdict(v) for v in self.verdicts],
             "warnings": list(self.warnings),
+            "profile_warnings": self.profile_warnings,
             "prediction": _prediction(self),
         }
         return out

@@ -189,3 +189,5 @@ def _render_verdicts(result, console) -> None:
         console.print(Text(f"{v.level.upper():8} {v.line()}", style=LEVEL_STYLE.get(v.level)))
     for w in result.warnings:
         console.print(Text(f"{'NOTE':8} {w}", style="dim"))
+    from .profile_warnings import render as profile_warnings
+    profile_warnings(result.profile_warnings, console)

@@ -14,6 +14,7 @@ import os
 import statistics
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..profile.disturbance import profile_warnings
 from . import RunError, prediction
 from . import files as runfiles
 from .files import read_iterations
@@ -353,4 +354,5 @@ def build(run_dir: str, cluster: Optional[str] = None, profile=None, top: int = 
         "prediction": {k: pred.get(k) for k in ("profile", "breakdown", "extrapolated", "critical_stage")},
         "samples": _samples(run_dir),
         "notes": list(dict.fromkeys(notes + (pred.get("notes") or []))),
+        "profile_warnings": profile_warnings(profile) if profile is not None else [],
     }
