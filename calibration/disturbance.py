@@ -12,23 +12,28 @@ What is measured:
   elements) in the calibration's dtype on its device, with its thread count; ``loops`` is set
   once, at the start, so one run takes about RUN_SECONDS of the device's own time (CPU time on
   a CPU, so a busy start does not shrink it), and kept for the whole calibration. A reading is
-  RUNS timed runs after one untimed one, each timed by bench.Timer as the points are.
-  A run is longer than a scheduler slice on purpose: when the OS splits a core between the
-  calibration and another process, a run shorter than a slice often fits inside the
-  calibration's own slice and the fastest of a few runs looks undisturbed, while a run of
-  several slices is stretched by the other's share every time. On a CPU a reading also holds
-  the thread's CPU time per run (time.thread_time) and the share of its wall time the thread
-  spent runnable but not running (machine.run_delay), so a reading separates "the work got
-  slower" (caches, memory bandwidth, clocks) from "the work waited for the CPU".
+  RUNS timed runs after one untimed one, each timed by bench.Timer as the points are. On a
+  CPU each run also gives the thread's CPU time (time.thread_time) and the share of its wall
+  time the thread spent runnable but not running (machine.run_delay), so a reading separates
+  "the work got slower" (caches, memory bandwidth, clocks) from "the work waited for the CPU".
+  Each of a reading's figures is its least disturbed run's, as a point's sample is its fastest
+  run: a blip (one preemption) slows one run, a neighbour sharing the core or the memory slows
+  them all. For that a run is longer than a scheduler slice: when the OS splits a core between
+  the calibration and another process, a run shorter than a slice often fits whole inside the
+  calibration's own slice and the fastest of a few looks undisturbed, while a run of several
+  slices waits its share every time (measured here: 10 ms runs beside a spinning process on
+  the same CPU wait 44-76% of their wall time, the least of five never under 43%).
 - The start: START_READINGS readings. Their work (CPU time per run on a CPU, device time on a
   GPU) is the baseline; their relative range is the probe's own noise; ``threshold`` follows
   from it (``Baseline``).
 - Along the way: the points are grouped into windows of about ``interval`` seconds, each
   closed by a reading, so probing costs OVERHEAD of the operator step. A window is disturbed
-  when the reading that closes it or the one that opened it is (its work beyond the baseline by
-  more than the threshold; its waits, as a slowdown, beyond the threshold; another process on
-  the GPU), or when the calibration thread waited on a run queue during the window for more
-  than the threshold's share. Every point of a disturbed window is flagged in the store.
+  when the reading that closes it or the one that opened it is (its waits, as a slowdown,
+  beyond the threshold; its work beyond the baseline by more than the threshold while other
+  processes kept more than the threshold's share of a core busy: Baseline.findings; another
+  process on the GPU), or when the calibration thread waited on a run queue during the window
+  for more than Baseline.window_wait_limit of it. Every point of a disturbed window is flagged
+  in the store.
 - At the end: the flagged points are re-timed once the machine is quiet again (a reading
   within the threshold), within RETIME_SHARE of the operator step's time; a re-timed point
   replaces its sample only when its own window closes quiet. What is still flagged stays
@@ -68,9 +73,10 @@ RANGE_FACTOR = 2.0
 class Reading:
     label: str
     at: float  # seconds since the watch began
-    seconds: float  # median time of one run, timed as the points are (wall or CUDA events)
-    cpu: Optional[float] = None  # median thread CPU time of one run (CPU device only)
-    waited: Optional[float] = None  # share of the reading's wall time spent waiting for a CPU
+    seconds: float  # the fastest run's time, timed as the points are (wall or CUDA events)
+    cpu: Optional[float] = None  # the least thread CPU time of a run (CPU device only)
+    waited: Optional[float] = None  # the least share of a run's wall time spent waiting for a CPU
+    waited_mean: Optional[float] = None  # the share of all its runs' wall time spent waiting
     load: Optional[float] = None  # 1-minute load average
     neighbours: Tuple[Tuple[int, int], ...] = ()  # (pid, bytes) of other processes on the GPU
 
@@ -81,7 +87,7 @@ class Reading:
 
     def to_dict(self) -> Dict[str, Any]:
         out: Dict[str, Any] = {"label": self.label, "at": round(self.at, 3), "seconds": self.seconds}
-        for key in ("cpu", "waited", "load"):
+        for key in ("cpu", "waited", "waited_mean", "load"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         if self.neighbours:
@@ -104,6 +110,7 @@ class Baseline:
     work: float  # median work of the start readings
     noise: float  # their relative range, the slowest left out: (2nd slowest - fastest) / median
     threshold: float  # RANGE_FACTOR x noise: how far a reading may stray before it counts
+    wait_noise: float = 0.0  # the start readings' median share of time waited (blips at rest)
 
     @classmethod
     def of(cls, start: Sequence[Reading]) -> "Baseline":
@@ -114,25 +121,44 @@ class Baseline:
         mid = statistics.median(works)
         kept = works[:-1] if len(works) >= 3 else works
         noise = (kept[-1] - kept[0]) / mid if mid > 0 else 0.0
-        return cls(mid, noise, RANGE_FACTOR * noise)
+        waits = [r.waited_mean for r in start if r.waited_mean is not None]
+        return cls(mid, noise, RANGE_FACTOR * noise, statistics.median(waits) if waits else 0.0)
 
-    def findings(self, reading: Reading) -> Dict[str, Any]:
-        """What in ``reading`` says the machine was disturbed (empty: nothing): "drift" (the
-        reference's own work beyond its time at rest, relative), "waited" (the share of the
-        reading spent waiting for a CPU), "gpu_neighbours" (other processes on the GPU)."""
+    @property
+    def window_wait_limit(self) -> float:
+        """The share of a window the calibration may wait on the run queue before it counts:
+        the threshold's worth of slowdown (a share t / (1 + t)), or RANGE_FACTOR x the share the
+        start readings waited if more. A window's wait sums every blip (a kernel thread, a task
+        woken on this CPU for a millisecond) that a reading's least waited run leaves out; the
+        start says how many a quiet moment has. (At 1, never: the start itself waited half its
+        time, which its readings' least waited runs say.)"""
+        return min(1.0, max(self.threshold / (1.0 + self.threshold), RANGE_FACTOR * self.wait_noise))
+
+    def findings(self, reading: Reading, others: Optional[float] = None) -> Dict[str, Any]:
+        """What in ``reading`` says the machine was disturbed (empty: nothing).
+
+        "waited": the reading waited for a CPU (its least waited run) for longer than the
+        threshold's worth of slowdown: another task held the CPU; direct evidence, at rest it
+        is zero. "drift": its work beyond its time at rest by more than the threshold, counted
+        only while other processes kept more than the threshold's share of a core busy
+        (``others``, cores, over the window it closes): a slower reference with nothing else
+        running is the platform's own noise (clocks, a hypervisor's other guests: on this
+        project's VM +-5-10% over seconds with the machine idle), which no quiet moment
+        would cure, and is recorded, not flagged. "gpu_neighbours": other processes on the
+        GPU."""
         found: Dict[str, Any] = {}
         drift = reading.work / self.work - 1.0 if self.work > 0 else 0.0
-        if drift > self.threshold:
-            found["drift"] = drift
+        if drift > self.threshold and others is not None and others > self.threshold:
+            found.update(drift=drift, others_cores=others)
         if wait_slowdown(reading.waited) > self.threshold:
             found["waited"] = reading.waited
         if reading.neighbours:
             found["gpu_neighbours"] = [{"pid": p, "memory_bytes": b} for p, b in reading.neighbours]
         return found
 
-    def judge(self, reading: Reading) -> List[str]:
+    def judge(self, reading: Reading, others: Optional[float] = None) -> List[str]:
         """Why ``reading`` says the machine was disturbed, in words (empty: it says it was not)."""
-        return describe(self.findings(reading))
+        return describe(self.findings(reading, others))
 
 
 class Probe:
@@ -188,26 +214,30 @@ class Probe:
                 f"{self.dtype} on {self.device}")
 
     def read(self, label: str, at: float = 0.0) -> Reading:
+        """One untimed run, then RUNS timed ones; each statistic is the least disturbed run's,
+        as a point's sample is its fastest run: a blip (one preemption, one interrupt storm)
+        slows one run, a neighbour sharing the core or the memory slows them all."""
         fn = lambda _: self._run(self.loops)  # noqa: E731
         self.timer.run_untimed(fn)
-        delay0, wall0 = machine.run_delay(), time.perf_counter()
-        walls, cpus = [], []
+        walls, cpus, waits, delays = [], [], [], []
         for _ in range(RUNS):
-            c0 = time.thread_time()
-            walls.append(self.timer.measure(fn))
-            cpus.append(time.thread_time() - c0)
-        wall = time.perf_counter() - wall0
-        delay1 = machine.run_delay()
-        if delay0 is not None and delay1 is not None and wall > 0:
-            waited: Optional[float] = min(1.0, max(0.0, (delay1 - delay0) / wall))
-        elif self.cpu and wall > 0:  # no schedstat: what the thread did not run of its wall time
-            waited = min(1.0, max(0.0, 1.0 - sum(cpus) / wall))
-        else:
-            waited = None
+            d0, c0 = machine.run_delay(), time.thread_time()
+            wall = self.timer.measure(fn)
+            cpu, d1 = time.thread_time() - c0, machine.run_delay()
+            walls.append(wall)
+            cpus.append(cpu)
+            if wall <= 0 or not self.cpu:
+                continue
+            if d0 is not None and d1 is not None:
+                delays.append(max(0.0, d1 - d0))
+            else:  # no schedstat: what the thread did not run of its wall time
+                delays.append(max(0.0, wall - cpu))
+            waits.append(min(1.0, delays[-1] / wall))
         found = machine.gpu_neighbours(self.uuid) if not self.cpu else None
-        return Reading(label, at, statistics.median(walls),
-                       statistics.median(cpus) if self.cpu else None, waited,
-                       machine.load_average(), tuple((p["pid"], p["memory_bytes"]) for p in found or ()))
+        return Reading(label, at, min(walls), min(cpus) if self.cpu else None,
+                       min(waits) if waits else None,
+                       min(1.0, sum(delays) / sum(walls)) if delays else None, machine.load_average(),
+                       tuple((p["pid"], p["memory_bytes"]) for p in found or ()))
 
 
 @dataclass
@@ -223,6 +253,7 @@ class Window:
     closed_by: Optional[Reading] = None
     waited: Optional[float] = None
     others_cores: Optional[float] = None
+    closing: Dict[str, Any] = field(default_factory=dict)  # what the closing reading found
     why: List[str] = field(default_factory=list)
 
     @property
@@ -245,7 +276,7 @@ class Watch:
         self.began = time.monotonic()
         self.start: List[Reading] = []
         self.readings: List[Reading] = []
-        self.flagged_readings: List[Tuple[Reading, List[str]]] = []
+        self.flagged_readings: List[Tuple[Reading, Dict[str, Any]]] = []  # and what they found
         self.base: Optional[Baseline] = None
         self.interval = 0.0
         self.window: Optional[Window] = None
@@ -273,9 +304,9 @@ class Watch:
         # readings cost about what the start's did: one per `interval` keeps them at OVERHEAD
         self.interval = (time.monotonic() - t0) / START_READINGS / OVERHEAD
         for r in self.start:  # waits at the start: disturbed from the start
-            why = self.base.judge(r)
-            if why:
-                self.flagged_readings.append((r, why))
+            found = self.base.findings(r)
+            if found:
+                self.flagged_readings.append((r, found))
         self._open(self.start[-1])
         return self.base
 
@@ -288,9 +319,6 @@ class Watch:
 
     def due(self) -> bool:
         return time.monotonic() - self.window.started >= self.interval
-
-    def reading_is_quiet(self, reading: Reading) -> bool:
-        return not self.base.judge(reading)
 
     def close(self, label: str) -> Window:
         """Close the window with a reading, judge it, open the next one; the closed window."""
@@ -305,11 +333,12 @@ class Watch:
         reading = self._read(label)
         w.closed_by = reading
         self.readings.append(reading)
-        why_close = self.base.judge(reading)
-        if why_close:
-            self.flagged_readings.append((reading, why_close))
-        why = list(why_close) + [f"at the reading before: {x}" for x in self.base.judge(w.opened_by)]
-        if wait_slowdown(w.waited) > self.base.threshold:
+        w.closing = self.base.findings(reading, w.others_cores)
+        if w.closing:
+            self.flagged_readings.append((reading, w.closing))
+        why = describe(w.closing) + [f"at the reading before: {x}"
+                                     for x in self.base.judge(w.opened_by, w.others_cores)]
+        if w.waited is not None and w.waited > self.base.window_wait_limit:
             why.append(f"the calibration waited for a CPU {w.waited:.0%} of the window")
         w.why = why
         self.disturbed_windows += bool(why) and bool(w.points)
@@ -326,7 +355,7 @@ class Watch:
 
     def reasons(self) -> Dict[str, Any]:
         """The worst of what the readings that caught a disturbance found."""
-        return worst([self.base.findings(r) for r, _ in self.flagged_readings])
+        return worst([found for _, found in self.flagged_readings])
 
     def record(self) -> Dict[str, Any]:
         """What this run's watch saw, for the store's run info (plain JSON)."""
@@ -340,6 +369,7 @@ class Watch:
             "reference": self.probe.describe(), "loops": self.probe.loops,
             "runs_per_reading": RUNS, "threads": self.threads,
             "baseline": {"work": base.work, "noise": base.noise, "threshold": base.threshold,
+                         "wait_noise": base.wait_noise, "window_wait_limit": base.window_wait_limit,
                          "range_factor": RANGE_FACTOR} if base else None,
             "start": [r.to_dict() for r in self.start],
             "readings": [r.to_dict() for r in self.readings if id(r) in kept],
@@ -348,7 +378,8 @@ class Watch:
             "max_slowdown": max(slowdowns, default=0.0),
             "max_waited": max((r.waited for r in every if r.waited is not None), default=None),
             "max_drift": max(max(drifts, default=0.0), 0.0),
-            "flagged_readings": [{"label": r.label, "why": why} for r, why in self.flagged_readings],
+            "flagged_readings": [{"label": r.label, "why": describe(found)}
+                                 for r, found in self.flagged_readings],
             "windows": self.windows, "disturbed_windows": self.disturbed_windows,
             "points": dict(self.points),
             "retime": dict(self.retime),

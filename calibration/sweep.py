@@ -291,7 +291,7 @@ class _Sweep:
         tries = done = lost = 0
         while todo and time.monotonic() < deadline:
             tries += 1
-            if not watch.reading_is_quiet(watch.close("before re-timing").closed_by):
+            if watch.close("before re-timing").closing:  # not quiet yet
                 time.sleep(max(0.0, min(watch.interval, deadline - time.monotonic())))
                 continue
             batch: List[_Measured] = []
@@ -315,11 +315,14 @@ class _Sweep:
                         "still_flagged": still}
 
 
-def recheck(store_path, run_id: int, device: str, label: str) -> Optional[Dict[str, Any]]:
+def recheck(store_path, run_id: int, device: str, label: str, since=None) -> Optional[Dict[str, Any]]:
     """One more reading with the run's own reference and baseline, at the end of everything
     `calibrate` times (after the collectives and the engine, which cannot be re-timed from
-    here); written into the run's record. None when the run has no record to compare with."""
+    here); written into the run's record. ``since``: a machine.CpuClock mark taken when those
+    steps began (other processes' CPU time since then corroborates a drift). None when the run
+    has no record to compare with."""
     from .disturbance import Baseline, Probe, describe, wait_slowdown
+    from .machine import CpuClock
     with SampleStore(store_path) as store:
         info = store.run(run_id)["info"]
     rec = dict(info.get("disturbance") or {})
@@ -328,10 +331,12 @@ def recheck(store_path, run_id: int, device: str, label: str) -> Optional[Dict[s
         return None
     with pinned_threads(rec.get("threads")):
         reading = Probe(device, info["dtype"], loops=rec["loops"]).read(label)
-    baseline = Baseline(base["work"], base["noise"], base["threshold"])
-    found = baseline.findings(reading)
+    baseline = Baseline(base["work"], base["noise"], base["threshold"], base.get("wait_noise", 0.0))
+    others = CpuClock().others_cores(since, CpuClock().mark()) if since is not None else None
+    found = baseline.findings(reading, others)
     why = describe(found)
-    rec["after"] = {"what": label, "reading": reading.to_dict(), "why": why, "found": found}
+    rec["after"] = {"what": label, "reading": reading.to_dict(), "others_cores": others, "why": why,
+                    "found": found}
     drift = reading.work / baseline.work - 1.0 if baseline.work > 0 else 0.0
     rec["max_drift"] = max(float(rec.get("max_drift") or 0.0), drift)
     if reading.waited is not None:

@@ -138,6 +138,8 @@ def run_calibrate(args, progress: Optional[Progress] = None,
                         "failed": [{"point": p, "reason": r} for p, r in summary.failed],
                         "dtype": summary.dtype, "threads": summary.threads, "timer": summary.timer}
     result.seconds["operators"] = time.monotonic() - started
+    from ..calibration.machine import CpuClock
+    since = CpuClock().mark()  # other processes' CPU time during the collectives and the engine
 
     started = time.monotonic()
     step = _stepper(progress, "collectives")
@@ -161,7 +163,7 @@ def run_calibrate(args, progress: Optional[Progress] = None,
     if summary.disturbance is not None and (result.engine or result.collectives.get("measured")
                                             or result.collectives.get("buckets")):
         from ..calibration.sweep import recheck
-        recheck(store, summary.run_id, device, "after the collectives and the engine")
+        recheck(store, summary.run_id, device, "after the collectives and the engine", since)
 
     started = time.monotonic()
     try:

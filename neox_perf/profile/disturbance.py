@@ -53,7 +53,8 @@ def describe(found: Mapping[str, Any]) -> List[str]:
     """A reading's findings (calibration/disturbance.Baseline.findings) in words."""
     why = []
     if "drift" in found:
-        why.append(f"the reference took {1 + found['drift']:.2f}x its time at rest")
+        why.append(f"the reference took {1 + found['drift']:.2f}x its time at rest while other "
+                   f"processes kept {found.get('others_cores', 0.0):.2f} cores busy")
     if "waited" in found:
         why.append(f"other processes held this CPU {found['waited']:.0%} of the reference's time")
     if found.get("gpu_neighbours"):
@@ -66,7 +67,7 @@ def worst(findings: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
     """Several readings' findings merged: the largest drift and wait, every GPU neighbour."""
     out: Dict[str, Any] = {}
     for f in findings:
-        for key in ("drift", "waited"):
+        for key in ("drift", "waited", "others_cores"):
             if key in f:
                 out[key] = max(out.get(key, 0.0), f[key])
         for n in f.get("gpu_neighbours") or ():
@@ -105,7 +106,8 @@ def from_calibration(name: str, runs: Sequence[Mapping[str, Any]], disturbed: in
         if "waited" in found:
             seen.append(f"the reference waited for a CPU up to {found['waited']:.0%} of its time")
         if "drift" in found:
-            seen.append(f"took up to {1 + found['drift']:.2f}x its time at rest")
+            seen.append(f"took up to {1 + found['drift']:.2f}x its time at rest while other "
+                        f"processes kept up to {found.get('others_cores', 0.0):.2f} cores busy")
         if found.get("gpu_neighbours"):
             seen += [w for w in describe({"gpu_neighbours": found["gpu_neighbours"]})]
         if seen and noise:

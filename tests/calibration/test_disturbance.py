@@ -40,9 +40,25 @@ class FakeProbe:
         return "a fake reference"
 
     def read(self, label, at=0.0):
-        work, waited = next(self.script)
+        work, waited, *mean = next(self.script)
         self.labels.append(label)
-        return Reading(label, at, seconds=work, cpu=work, waited=waited)
+        return Reading(label, at, seconds=work, cpu=work, waited=waited,
+                       waited_mean=mean[0] if mean else waited)
+
+
+class FakeCpu:
+    """Other processes' cores over every window: ``others``."""
+
+    cpus = frozenset({0})
+
+    def __init__(self, others=0.0):
+        self.others = others
+
+    def mark(self):
+        return None
+
+    def others_cores(self, start, end):
+        return self.others
 
 
 class FakeDelay:
@@ -56,9 +72,9 @@ class FakeDelay:
         return self.now
 
 
-def _watch(later, delay=None):
+def _watch(later, delay=None, others=0.0):
     probe = FakeProbe([(5.0, 0.0)] + [(w, 0.0) for w in QUIET] + later)
-    watch = Watch(probe, delay=delay or FakeDelay(), threads=1)
+    watch = Watch(probe, delay=delay or FakeDelay(), cpu_clock=FakeCpu(others), threads=1)
     watch.begin()
     return watch, probe
 
@@ -67,19 +83,23 @@ def test_the_threshold_is_the_start_readings_own_spread():
     base = Baseline.of([_reading(w) for w in QUIET])
     assert base.work == 1.00 and base.noise == pytest.approx(0.03)
     assert base.threshold == pytest.approx(0.06)
-    assert base.judge(_reading(1.05)) == []  # within the noise
-    assert "1.08x its time at rest" in base.judge(_reading(1.08))[0]
+    assert base.judge(_reading(1.05), others=0.5) == []  # within the noise
+    assert "1.08x its time at rest while other processes kept 0.50 cores busy" in \
+        base.judge(_reading(1.08), others=0.5)[0]
+    # a slower reference with nothing else running is the platform's noise, not a neighbour
+    assert base.judge(_reading(1.08)) == base.judge(_reading(1.08), others=0.05) == []
     # waits count as the slowdown they cause: 5% of the time waiting is 5.3% longer
     assert wait_slowdown(0.05) == pytest.approx(0.05 / 0.95) and base.judge(_reading(1.0, 0.05)) == []
     assert "held this CPU 10%" in base.judge(_reading(1.0, 0.10))[0]
     assert "pid 42 (2.0 GiB)" in base.judge(_reading(1.0, None, ((42, 2 * 2**30),)))[0]
     # a noisier start tolerates more; one slowed start reading does not
-    assert Baseline.of([_reading(w) for w in (1.0, 1.1, 0.95, 1.0, 1.05)]).judge(_reading(1.08)) == []
+    noisy = Baseline.of([_reading(w) for w in (1.0, 1.1, 0.95, 1.0, 1.05)])
+    assert noisy.judge(_reading(1.08), others=0.5) == []
     assert Baseline.of([_reading(w) for w in QUIET[:-1] + [1.5]]).threshold == pytest.approx(2 * 0.04 / 1.02)
 
 
 def test_the_windows_around_a_slow_reading_are_flagged_and_no_other():
-    watch, probe = _watch([(1.0, 0.0), (1.5, 0.0), (1.0, 0.0), (1.0, 0.0)])
+    watch, probe = _watch([(1.0, 0.0), (1.5, 0.0), (1.0, 0.0), (1.0, 0.0)], others=0.8)
     assert probe.labels[:2] == ["warm-up", "start 1"] and len(watch.start) == START_READINGS
     assert watch.interval > 0 and watch.flagged_readings == []
     closed = []
@@ -92,10 +112,20 @@ def test_the_windows_around_a_slow_reading_are_flagged_and_no_other():
     assert closed[2].points == ["point 2"] and watch.disturbed_windows == 2
     rec = watch.record()
     json.dumps(rec)
-    assert rec["reasons"] == {"drift": pytest.approx(0.5)} and rec["max_drift"] == pytest.approx(0.5)
+    assert rec["reasons"] == {"drift": pytest.approx(0.5), "others_cores": 0.8}
+    assert rec["max_drift"] == pytest.approx(0.5) and rec["machine"]["others_cores_max"] == 0.8
     assert rec["readings_taken"] == START_READINGS + 4 and rec["loops"] == 7
     assert rec["baseline"]["threshold"] == pytest.approx(0.06)
     assert not rec["flagged"]  # nothing is flagged in a store until the sweep says so
+
+
+def test_a_slow_reference_with_nothing_else_running_flags_nothing():
+    watch, _ = _watch([(1.5, 0.0), (1.0, 0.0)], others=0.0)
+    for i in range(2):
+        watch.add(f"point {i}")
+        assert not watch.close(f"after point {i}").disturbed
+    rec = watch.record()
+    assert rec["max_drift"] == pytest.approx(0.5) and rec["reasons"] == {}  # recorded, not flagged
 
 
 def test_a_window_in_which_the_calibration_waited_is_flagged():
@@ -109,9 +139,26 @@ def test_a_window_in_which_the_calibration_waited_is_flagged():
     assert window.waited == 1.0 and "waited for a CPU 100% of the window" in window.why[-1]
 
 
+def test_a_window_counts_its_waits_against_the_blips_of_the_start():
+    delay = FakeDelay()
+    # a reference without spread, and start readings that waited 1% of their time in blips
+    # their least waited runs left out
+    probe = FakeProbe([(5.0, 0.0)] + [(1.0, 0.0, 0.01)] * START_READINGS + [(1.0, 0.0)] * 2)
+    watch = Watch(probe, delay=delay, cpu_clock=FakeCpu())
+    base = watch.begin()
+    assert base.threshold == 0.0 and base.wait_noise == 0.01 and base.window_wait_limit == 0.02
+    for share, disturbed in ((0.015, False), (0.03, True)):  # an hour-long window waiting that share
+        delay.step = share * 3600
+        watch.window.started -= 3600
+        watch.add("point")
+        assert watch.close("after an hour").disturbed is disturbed
+    assert Baseline(1.0, 0.03, 0.06, 0.01).window_wait_limit == pytest.approx(0.06 / 1.06)
+    assert Baseline(1.0, 0.001, 0.002, 0.6).window_wait_limit == 1.0  # a start that waited: never
+
+
 def test_waits_at_the_start_are_recorded_as_a_disturbance_from_the_start():
     probe = FakeProbe([(1.0, 0.0)] + [(w, 0.5) for w in QUIET] + [(1.0, 0.5)])
-    watch = Watch(probe, delay=FakeDelay())
+    watch = Watch(probe, delay=FakeDelay(), cpu_clock=FakeCpu())
     watch.begin()
     assert len(watch.flagged_readings) == START_READINGS
     watch.add("point")
@@ -207,10 +254,11 @@ def test_the_profile_section_and_its_warning():
     assert Disturbance.parse(bad.to_dict()) == bad
     # the collectives and the engine cannot be re-timed: a reading after them says so
     after = {**RECORD, "after": {"what": "after the collectives and the engine",
-                                 "why": ["the reference took 1.40x its time at rest"],
-                                 "found": {"drift": 0.4}}}
+                                 "why": ["the reference took 1.40x its time at rest while ..."],
+                                 "found": {"drift": 0.4, "others_cores": 1.2}}}
     late = from_calibration("mine", _runs(after), 0, 40)
     assert late.flagged and "after the collectives and the engine, the reference took 1.40x" in late.warning
+    assert "took up to 1.40x its time at rest while other processes kept up to 1.20 cores" in late.warning
     assert "new --store" in late.warning
 
 
