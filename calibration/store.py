@@ -290,18 +290,23 @@ class SampleStore:
                 time.sleep(delay * (1 + random.random()))
                 delay = min(delay * 2, 1.0)
 
-    def _write(self, sql: str, params=()) -> sqlite3.Cursor:
+    def _transaction(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+        """fn(connection) in one write transaction, committed, or rolled back on any error;
+        retried while another writer holds the lock."""
         def once():
             self._conn.execute("BEGIN IMMEDIATE")
             try:
-                cur = self._conn.execute(sql, params)
+                out = fn(self._conn)
                 self._conn.execute("COMMIT")
-                return cur
+                return out
             except BaseException:
                 if self._conn.in_transaction:
                     self._conn.execute("ROLLBACK")
                 raise
         return self._retry(once)
+
+    def _write(self, sql: str, params=()) -> sqlite3.Cursor:
+        return self._transaction(lambda conn: conn.execute(sql, params))
 
     def _read(self, sql: str, params=()) -> list:
         return self._retry(lambda: self._conn.execute(sql, params).fetchall())
@@ -402,28 +407,21 @@ class SampleStore:
         Returns how many samples were marked."""
         keys = [(op, phase, canonical_features(op, phase, features)) for op, phase, features in points]
 
-        def once() -> int:
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                marked = 0
-                for op, phase, key in keys:
-                    sql = ("FROM samples WHERE op=? AND phase=? AND features=? AND dtype=? AND "
-                           "device_id=? AND source='calibrate' AND run_scope=0 AND rank=0")
-                    params = (op, phase, key, str(dtype), int(device))
-                    row = self._conn.execute("SELECT info " + sql, params).fetchone()
-                    if row is None:
-                        continue
-                    info = {**json.loads(row[0]), "disturbed": dict(flag)}
-                    self._conn.execute("UPDATE samples SET info=? WHERE id IN (SELECT id " + sql + ")",
-                                       (canonical_json(info),) + params)
-                    marked += 1
-                self._conn.execute("COMMIT")
-                return marked
-            except BaseException:
-                if self._conn.in_transaction:
-                    self._conn.execute("ROLLBACK")
-                raise
-        return self._retry(once)
+        def mark(conn) -> int:
+            marked = 0
+            for op, phase, key in keys:
+                sql = ("FROM samples WHERE op=? AND phase=? AND features=? AND dtype=? AND "
+                       "device_id=? AND source='calibrate' AND run_scope=0 AND rank=0")
+                params = (op, phase, key, str(dtype), int(device))
+                row = conn.execute("SELECT info " + sql, params).fetchone()
+                if row is None:
+                    continue
+                info = {**json.loads(row[0]), "disturbed": dict(flag)}
+                conn.execute("UPDATE samples SET info=? WHERE id IN (SELECT id " + sql + ")",
+                             (canonical_json(info),) + params)
+                marked += 1
+            return marked
+        return self._transaction(mark)
 
     def disturbed(self, *, device: int, dtype: Optional[str] = None) -> Dict[tuple, Dict[str, Any]]:
         """The calibration samples of ``device`` (and ``dtype``) still marked disturbed:
