@@ -270,3 +270,13 @@ def test_every_report_gets_the_warning_of_the_profile_and_of_its_base():
     assert profile_warnings(sampled) == [f"profile mine: {bad.warning}"]
     assert profile_warnings(described) == [f"profile mine: {bad.warning}"]
     assert profile_warnings(types.SimpleNamespace(manifest=Manifest("quiet"))) == []
+
+
+def test_the_probe_benchmark_reads_a_busy_cpu(capsys, benchmark_script):
+    """benchmarks/disturbance_probe.py: the probe alone and beside a spinner on its CPU."""
+    affinity = os.sched_getaffinity(0)
+    assert benchmark_script("disturbance_probe").main(["--readings", "2", "--json"]) == 0
+    assert os.sched_getaffinity(0) == affinity  # given back
+    out = json.loads(capsys.readouterr().out)
+    assert {"work", "noise", "threshold"} <= set(out["baseline"]) and out["busy"]["readings"] == 2
+    assert out["busy"]["waited"]["median"] > 0.3 and out["busy"]["disturbed"] == 2
