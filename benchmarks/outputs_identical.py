@@ -27,7 +27,10 @@ revision starts from a fresh copy of them at the same paths.
 Paths into a revision's own files (its bundled profiles) are compared as <src>/... . What is
 compared where the output holds fresh measurements:
 - calibrate: resumed from the complete store it measures nothing, so everything but its
-  `seconds` (timing of the steps) and the written profile's training.seconds is compared;
+  `seconds` (timing of the steps), its `disturbance` and `profile_warnings` (the reference
+  probe's readings of the moment, docs/calibration-disturbance.md) and the written profile's
+  training.seconds and `disturbance` section is compared (whether reports carry a profile's
+  warning is compared through check, plan and report's `profile_warnings`);
   arrays.npz is compared member by member (its zip entries carry the time they were written);
 - validate: measures a new iteration, so only what is predicted (predicted seconds, interval,
   coverage, the predicted side of every component and stage) and the profile's recorded
@@ -97,6 +100,7 @@ WORKLOAD = {"num_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "seq_l
 VOCAB = 500
 # Keys whose values are fresh measurements or clock readings (see the docstring).
 TIMING = {"seconds", "time", "search_seconds"}  # check: what its quick search took
+PROBE = {"disturbance", "profile_warnings"}  # calibrate's watch of the machine, of the moment
 TEXT_TIMING = re.compile(r"\bin \d+(\.\d+)? s\b")  # e.g. plan's "searched 2,082 layouts in 3.7 s"
 # --checks: GPU counts x bundled clusters every NeoX config is checked at (4-GPU and 1-GPU
 # A100 nodes, 1-GPU GH200 nodes: out of memory, the fitting-layout and faster-layout searches)
@@ -208,7 +212,8 @@ def _free_port() -> int:
 
 
 def _cases(quick: bool, src: Path):
-    """(name, argv, kind): kind json|text|measured (json with the measured parts left out).
+    """(name, argv, kind): kind json|text|measured (json with the measured parts left out)|
+    calibrate (json without the probe's readings).
     The examples are the revision's own (``src``), so their paths compare as <src>/..."""
     clusters = list(BUNDLED) + [str(src / DESCRIPTION), "ident"]
     yield "clusters", ["clusters", "--json"], "json"
@@ -231,7 +236,7 @@ def _cases(quick: bool, src: Path):
     if quick:
         return
     yield "calibrate (resumed)", ["calibrate", "--cluster", "ident2", "--plan", "{home}/plan.yml",
-                                  "--store", "{home}/stores/ident.sqlite", "--nproc", "2", "--json"], "json"
+                                  "--store", "{home}/stores/ident.sqlite", "--nproc", "2", "--json"], "calibrate"
     yield "validate", ["validate", "{home}/validate.yml", "--gpus", "1", "--cluster", "ident",
                        "--iters", "3", "--vocab-size", str(VOCAB), "--json"], "measured"
     yield "from-run level", ["calibrate", "--cluster", "perlmutter-a100-80gb", "--from-run", "{home}/run",
@@ -301,6 +306,8 @@ def _output(proc, kind, src: str):
         out["stdout"] = proc.stdout.replace(src, "<src>")
         return out
     data = _strip(data, lambda k: k in TIMING)
+    if kind == "calibrate":
+        data = _strip(data, lambda k: k in PROBE)
     if kind == "measured":
         out["stderr"] = ""  # progress lines carry measured times
         data = _strip(data, lambda k: bool(MEASURED.search(k)))
@@ -321,6 +328,7 @@ def _profiles(home: Path):
             m = json.loads(manifest.read_text())
             (m.get("arrays") or {}).pop("sha256", None)
             (m.get("training") or {}).pop("seconds", None)
+            m.pop("disturbance", None)  # the probe's readings while it was calibrated
             prov = m.get("provenance") or {}
             for run in prov.get("runs") or []:  # when each calibration step ran
                 run.pop("started", None)

@@ -290,18 +290,23 @@ class SampleStore:
                 time.sleep(delay * (1 + random.random()))
                 delay = min(delay * 2, 1.0)
 
-    def _write(self, sql: str, params=()) -> sqlite3.Cursor:
+    def _transaction(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+        """fn(connection) in one write transaction, committed, or rolled back on any error;
+        retried while another writer holds the lock."""
         def once():
             self._conn.execute("BEGIN IMMEDIATE")
             try:
-                cur = self._conn.execute(sql, params)
+                out = fn(self._conn)
                 self._conn.execute("COMMIT")
-                return cur
+                return out
             except BaseException:
                 if self._conn.in_transaction:
                     self._conn.execute("ROLLBACK")
                 raise
         return self._retry(once)
+
+    def _write(self, sql: str, params=()) -> sqlite3.Cursor:
+        return self._transaction(lambda conn: conn.execute(sql, params))
 
     def _read(self, sql: str, params=()) -> list:
         return self._retry(lambda: self._conn.execute(sql, params).fetchall())
@@ -371,8 +376,10 @@ class SampleStore:
                    device: int, run: int, dtype: str, source: str = "calibrate",
                    repeats: int = 1, median: Optional[float] = None, iqr: float = 0.0,
                    min_seconds: Optional[float] = None, rank: int = 0,
-                   stage: Optional[str] = None, info: Optional[Mapping[str, Any]] = None) -> bool:
-        """Commit one sample in its own transaction. False if that point was already stored."""
+                   stage: Optional[str] = None, info: Optional[Mapping[str, Any]] = None,
+                   replace: bool = False) -> bool:
+        """Commit one sample in its own transaction. False if that point was already stored
+        (``replace``: it is replaced, as a re-timed calibration point is)."""
         key = canonical_features(op, phase, features)
         seconds = float(seconds)
         if not (math.isfinite(seconds) and seconds > 0):
@@ -385,13 +392,62 @@ class SampleStore:
         if stage not in (None, "first", "middle", "last", "only"):
             raise ValueError(f"stage must be first, middle, last, only or None, got {stage!r}")
         cur = self._write(
-            "INSERT OR IGNORE INTO samples (op, phase, features, dtype, seconds, repeats, median, "
+            f"INSERT OR {'REPLACE' if replace else 'IGNORE'} INTO samples (op, phase, features, dtype, "
+            "seconds, repeats, median, "
             "iqr, min, device_id, run_id, run_scope, rank, stage, source, info, created) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (op, phase, key, str(dtype), seconds, int(repeats), median, iqr, min_seconds,
              int(device), int(run), self._scope(source, run), int(rank), stage, source,
              canonical_json(dict(info or {})), time.time()))
         return cur.rowcount == 1
+
+    def flag_disturbed(self, points, flag: Mapping[str, Any], *, device: int, dtype: str) -> int:
+        """Mark calibration samples (op, phase, features) as timed while the machine was
+        disturbed: ``flag`` goes into their info under "disturbed", in one transaction.
+        Returns how many samples were marked."""
+        keys = [(op, phase, canonical_features(op, phase, features)) for op, phase, features in points]
+
+        def mark(conn) -> int:
+            marked = 0
+            for op, phase, key in keys:
+                sql = ("FROM samples WHERE op=? AND phase=? AND features=? AND dtype=? AND "
+                       "device_id=? AND source='calibrate' AND run_scope=0 AND rank=0")
+                params = (op, phase, key, str(dtype), int(device))
+                row = conn.execute("SELECT info " + sql, params).fetchone()
+                if row is None:
+                    continue
+                info = {**json.loads(row[0]), "disturbed": dict(flag)}
+                conn.execute("UPDATE samples SET info=? WHERE id IN (SELECT id " + sql + ")",
+                             (canonical_json(info),) + params)
+                marked += 1
+            return marked
+        return self._transaction(mark)
+
+    def disturbed(self, *, device: int, dtype: Optional[str] = None) -> Dict[tuple, Dict[str, Any]]:
+        """The calibration samples of ``device`` (and ``dtype``) still marked disturbed:
+        (op, phase, canonical features) -> their mark."""
+        sql = ("SELECT op, phase, features, info FROM samples WHERE device_id=? AND source='calibrate' "
+               "AND info LIKE '%\"disturbed\"%'")
+        params: list = [int(device)]
+        if dtype is not None:
+            sql += " AND dtype=?"
+            params.append(str(dtype))
+        out = {}
+        for op, phase, features, info in self._read(sql, params):
+            mark = json.loads(info).get("disturbed")
+            if mark is not None:
+                out[(op, phase, features)] = mark
+        return out
+
+    def update_run(self, run_id: int, info: Mapping[str, Any]) -> None:
+        """Replace a run's info, leaving its start and finish times as they are."""
+        self._write("UPDATE runs SET info = ? WHERE id = ?", (canonical_json(dict(info)), int(run_id)))
+
+    def run(self, run_id: int) -> Dict[str, Any]:
+        rows = [r for r in self.runs() if r["id"] == int(run_id)]
+        if not rows:
+            raise KeyError(f"no run {run_id} in {self.path}")
+        return rows[0]
 
     def samples(self, op: Optional[str] = None, device: Optional[int] = None,
                 source: Optional[str] = None) -> List[Sample]:

@@ -39,6 +39,8 @@ class CalibrationSummary:
     already_stored: int = 0
     failed: List[Tuple[str, str]] = field(default_factory=list)  # (point label, reason)
     seconds: float = 0.0
+    remeasured: int = 0  # stored points marked disturbed, measured again
+    disturbance: Optional[Dict[str, Any]] = None  # the watch's record (disturbance.Watch.record)
 
     def to_dict(self) -> Dict[str, Any]:
         out = asdict(self)
@@ -117,7 +119,8 @@ def pinned_threads(threads: Optional[int]):
 
 def calibrate(plan=None, store_path=None, *, clock: Optional[Callable[[], float]] = None,
               progress: Optional[Progress] = None, quick: bool = False,
-              device: Optional[str] = None, threads: Optional[int] = None) -> CalibrationSummary:
+              device: Optional[str] = None, threads: Optional[int] = None,
+              watch: Optional[bool] = None) -> CalibrationSummary:
     """Measure every point of ``plan`` not yet in ``store_path``; return what happened.
 
     plan: a Plan, a YAML path, a bundled name, or None for the bundled "quick" (quick=True)
@@ -125,7 +128,10 @@ def calibrate(plan=None, store_path=None, *, clock: Optional[Callable[[], float]
     on a GPU, perf_counter on a CPU). progress(done, total, label) is called before each
     point and once at the end with done == total. device: "cpu", "cuda", "cuda:1" or None
     (CUDA when available). threads: CPU threads to time with (default: OMP_NUM_THREADS,
-    else 1; see pick_threads).
+    else 1; see pick_threads). watch: time the reference probe and watch the machine, flag
+    the points timed while it was disturbed and re-time them (calibration/disturbance.py);
+    by default whenever the points are timed by the real clock (an injected clock's readings
+    cannot be disturbed).
     """
     import torch
 
@@ -136,6 +142,7 @@ def calibrate(plan=None, store_path=None, *, clock: Optional[Callable[[], float]
         raise ValueError("store_path is required")
     started = time.monotonic()
     plan_obj: Plan = load_plan(plan if plan is not None else ("quick" if quick else "full"))
+    watch = clock is None if watch is None else watch
     dev = pick_device(device)
     dtype = pick_dtype(plan_obj.dtype, dev)
     timer = bench.Timer(clock, device=dev)
@@ -153,52 +160,193 @@ def calibrate(plan=None, store_path=None, *, clock: Optional[Callable[[], float]
                                      device_id=device_id, run_id=run_id, dtype=dtype,
                                      threads=torch.get_num_threads(), timer=timer.method,
                                      total=len(plan_obj.points))
-        _measure_points(plan_obj.points, store, summary, timer, protocol, memory_budget(dev), progress)
+        flagged = store.disturbed(device=device_id, dtype=dtype)  # measured again, below
+        sweep = _Sweep(store, summary, timer, protocol, memory_budget(dev), progress, flagged,
+                       _watch(dev, dtype, summary.threads) if watch else None)
+        sweep.points(plan_obj.points)
+        if sweep.watch is not None:
+            sweep.retime(started)
+            summary.disturbance = sweep.watch.record()
         summary.seconds = time.monotonic() - started
         store.finish_run(run_id, info={**run_info, "measured": summary.measured,
                                        "already_stored": summary.already_stored,
-                                       "failed": len(summary.failed), "seconds": summary.seconds})
+                                       "remeasured": summary.remeasured,
+                                       "failed": len(summary.failed), "seconds": summary.seconds,
+                                       **({"disturbance": summary.disturbance}
+                                          if summary.disturbance is not None else {})})
     if progress is not None:
         progress(summary.total, summary.total, "done")
     return summary
 
 
-def _measure_points(points, store, summary, timer, protocol, budget, progress) -> None:
-    import torch
+def _watch(device: str, dtype: str, threads: Optional[int]):
+    from .disturbance import Probe, Watch
+    w = Watch(Probe(device, dtype), threads=threads)
+    w.begin()
+    return w
 
-    from . import bench
 
-    dev, dtype, device_id = summary.device, summary.dtype, summary.device_id
-    for i, point in enumerate(points):
-        if progress is not None:
-            progress(i, len(points), point.label)
+@dataclass
+class _Measured:
+    """One point measured, kept until its window is judged."""
+
+    point: Any
+    measurement: Any
+
+
+class _Sweep:
+    """The points of a plan, measured and stored one by one; the watch's windows judged as
+    they close, their points flagged in the store when disturbed, and re-timed at the end."""
+
+    def __init__(self, store, summary, timer, protocol, budget, progress, flagged, watch):
+        self.store, self.summary, self.timer, self.protocol = store, summary, timer, protocol
+        self.budget, self.progress, self.flagged, self.watch = budget, progress, flagged, watch
+        self.suspects: List[Any] = []  # points of disturbed windows, in measurement order
+
+    def _key(self, point) -> tuple:
+        from .store import canonical_features
+        return (point.op, point.phase, canonical_features(point.op, point.phase, point.feature_dict()))
+
+    def measure(self, point):
+        """The point's Measurement, or None (recorded in summary.failed)."""
+        import torch
+
+        from . import bench
+        summary = self.summary
         feats = point.feature_dict()
-        if store.has_sample(point.op, point.phase, feats, device=device_id, dtype=dtype):
-            summary.already_stored += 1
-            continue
-        need = bench.estimate_bytes(point.op, feats, dtype)
-        if budget is not None and need > budget:
+        need = bench.estimate_bytes(point.op, feats, summary.dtype)
+        if self.budget is not None and need > self.budget:
             summary.failed.append((point.label, f"needs about {need / 2**30:.1f} GiB, "
-                                                f"{budget / 2**30:.1f} GiB available"))
-            continue
+                                                f"{self.budget / 2**30:.1f} GiB available"))
+            return None
         try:
-            m = bench.measure(point.op, point.phase, feats, timer=timer, protocol=protocol, dtype=dtype)
+            m = bench.measure(point.op, point.phase, feats, timer=self.timer, protocol=self.protocol,
+                              dtype=summary.dtype)
         except (RuntimeError, ValueError) as exc:  # OOM, a dtype the device lacks
             summary.failed.append((point.label, f"{exc.__class__.__name__}: "
                                                 f"{(str(exc).splitlines() or [''])[0]}"))
-            if dev.startswith("cuda"):
+            if summary.device.startswith("cuda"):
                 torch.cuda.empty_cache()
-            continue
-        agg = m.aggregate
-        if agg.seconds <= 0:  # a clock too coarse for this op: not a measurement
+            return None
+        if m.aggregate.seconds <= 0:  # a clock too coarse for this op: not a measurement
             summary.failed.append((point.label, "measured 0 s (clock resolution)"))
-            continue
-        store.add_sample(point.op, point.phase, feats, agg.seconds, device=device_id,
-                         run=summary.run_id, dtype=dtype, repeats=agg.repeats, median=agg.median,
-                         iqr=agg.iqr, min_seconds=agg.min,
-                         info={"impl": m.impl, "timer": m.timer, "q1": agg.q1, "q3": agg.q3,
-                               "times": list(agg.times)})
-        summary.measured += 1
+            return None
+        return m
+
+    def store_point(self, point, m, *, replace: bool = False, info: Optional[Dict[str, Any]] = None) -> None:
+        agg, s = m.aggregate, self.summary
+        self.store.add_sample(point.op, point.phase, point.feature_dict(), agg.seconds, device=s.device_id,
+                              run=s.run_id, dtype=s.dtype, repeats=agg.repeats, median=agg.median,
+                              iqr=agg.iqr, min_seconds=agg.min, replace=replace,
+                              info={"impl": m.impl, "timer": m.timer, "q1": agg.q1, "q3": agg.q3,
+                                    "times": list(agg.times), **(info or {})})
+
+    def points(self, points) -> None:
+        summary = self.summary
+        for i, point in enumerate(points):
+            if self.progress is not None:
+                self.progress(i, len(points), point.label)
+            stored = self.store.has_sample(point.op, point.phase, point.feature_dict(),
+                                           device=summary.device_id, dtype=summary.dtype)
+            again = stored and self._key(point) in self.flagged  # timed while disturbed before
+            if stored and not again:
+                summary.already_stored += 1
+                continue
+            m = self.measure(point)
+            if m is None:
+                continue
+            self.store_point(point, m, replace=again)
+            if again:
+                summary.remeasured += 1
+            else:
+                summary.measured += 1
+            if self.watch is not None:
+                self.watch.add(_Measured(point, m))
+                if self.watch.due():
+                    self._judge(f"after {point.label}")
+        if self.watch is not None:
+            self._judge("end of the operators")
+
+    def _judge(self, label: str):
+        window = self.watch.close(label)
+        if window.disturbed and window.points:
+            flag = {"window": window.index, "why": window.why, "run": self.summary.run_id}
+            self.store.flag_disturbed([(p.point.op, p.point.phase, p.point.feature_dict())
+                                       for p in window.points], flag,
+                                      device=self.summary.device_id, dtype=self.summary.dtype)
+            self.suspects += [p.point for p in window.points]
+            self.watch.points["flagged"] += len(window.points)
+            self.watch.points["still_flagged"] += len(window.points)
+        return window
+
+    def retime(self, started: float) -> None:
+        """Measure the points of disturbed windows again once a reading says the machine is
+        quiet, within RETIME_SHARE of the time the operators took; a point's new sample
+        replaces the flagged one when its own window closes quiet too."""
+        from .disturbance import RETIME_SHARE
+        watch, todo = self.watch, list(dict.fromkeys(self.suspects))
+        watch.points["still_flagged"] = len(todo)
+        budget = RETIME_SHARE * (time.monotonic() - started)
+        deadline = time.monotonic() + budget
+        tries = done = lost = 0
+        while todo and time.monotonic() < deadline:
+            tries += 1
+            if watch.close("before re-timing").closing:  # not quiet yet
+                time.sleep(max(0.0, min(watch.interval, deadline - time.monotonic())))
+                continue
+            batch: List[_Measured] = []
+            while todo and time.monotonic() < deadline and not watch.due():
+                point = todo.pop(0)
+                m = self.measure(point)
+                if m is None:  # it failed this time (summary.failed says why): stays flagged
+                    lost += 1
+                else:
+                    batch.append(_Measured(point, m))
+            window = watch.close(f"after re-timing {len(batch)} points")
+            if window.disturbed:
+                todo = [b.point for b in batch] + todo
+                continue
+            for b in batch:
+                self.store_point(b.point, b.measurement, replace=True, info={"retimed": True})
+            done += len(batch)
+        still = len(todo) + lost
+        watch.points.update(retimed=done, still_flagged=still)
+        watch.retime = {"budget_seconds": budget, "attempts": tries, "retimed": done,
+                        "still_flagged": still}
+
+
+def recheck(store_path, run_id: int, device: str, label: str, since=None) -> Optional[Dict[str, Any]]:
+    """One more reading with the run's own reference and baseline, at the end of everything
+    `calibrate` times (after the collectives and the engine, which cannot be re-timed from
+    here); written into the run's record. ``since``: a machine.CpuClock mark taken when those
+    steps began (other processes' CPU time since then corroborates a drift). None when the run
+    has no record to compare with."""
+    from .disturbance import Baseline, Probe, describe, wait_slowdown
+    from .machine import CpuClock
+    with SampleStore(store_path) as store:
+        info = store.run(run_id)["info"]
+    rec = dict(info.get("disturbance") or {})
+    base = rec.get("baseline")
+    if not base or not rec.get("loops"):
+        return None
+    with pinned_threads(rec.get("threads")):
+        reading = Probe(device, info["dtype"], loops=rec["loops"]).read(label)
+    baseline = Baseline(base["work"], base["noise"], base["threshold"], base.get("wait_noise", 0.0))
+    others = CpuClock().others_cores(since, CpuClock().mark()) if since is not None else None
+    found = baseline.findings(reading, others)
+    why = describe(found)
+    rec["after"] = {"what": label, "reading": reading.to_dict(), "others_cores": others, "why": why,
+                    "found": found}
+    drift = reading.work / baseline.work - 1.0 if baseline.work > 0 else 0.0
+    rec["max_drift"] = max(float(rec.get("max_drift") or 0.0), drift)
+    if reading.waited is not None:
+        rec["max_waited"] = max(float(rec.get("max_waited") or 0.0), reading.waited)
+    rec["max_slowdown"] = max(float(rec.get("max_slowdown") or 0.0), drift, wait_slowdown(reading.waited))
+    if why:
+        rec["flagged"] = True
+    with SampleStore(store_path) as store:
+        store.update_run(run_id, {**info, "disturbance": rec})
+    return rec
 
 
 def training_rows(store_path, *, device: Optional[int] = None, source: Optional[str] = None

@@ -10,6 +10,7 @@ from . import exitcodes
 from .config.specs import NeoxConfig
 from .config.tokenizer import RawVocab
 from .config.verdicts import LEVELS, Verdict
+from .profile.disturbance import profile_warnings
 from .profile.facts import ClusterFacts
 from .profile.protocol import Profile
 from .step_terms import StepTermsSection
@@ -41,6 +42,11 @@ class CheckResult:
         if "fail" in levels:
             return exitcodes.VERDICT_FAILED
         return exitcodes.OK
+
+    @property
+    def profile_warnings(self) -> List[str]:
+        """What the profile says about itself (a disturbed calibration), for every report."""
+        return profile_warnings(self.profile) if self.profile is not None else []
 
     @property
     def run_iterations(self) -> Optional[int]:
@@ -105,6 +111,7 @@ class CheckResult:
             "no_layout": list(self.no_layout),
             "verdicts": [dataclasses.asdict(v) for v in self.verdicts],
             "warnings": list(self.warnings),
+            "profile_warnings": self.profile_warnings,
             "prediction": _prediction(self),
         }
         return out

@@ -12,6 +12,7 @@ from neox_perf.engine_terms import EngineSection
 from neox_perf.errors import ProfileError
 from neox_perf.predictors import load_profile
 from neox_perf.profile.directory import bundled_dir
+from neox_perf.profile.disturbance import Disturbance
 from neox_perf.profile.manifest import Manifest
 from neox_perf.profile.models import ModelEntry
 from neox_perf.profile.sections import ArraysRef, Calibration, Provenance, Training, Validation
@@ -69,6 +70,10 @@ SECTIONS = [
                                              "rows": 3, "ratios": [[0.1, 1.5], [0.2, 1.1]]},
                            "optimizer_step": {"coef": {"t0": 1e-3, "per_param": 1e-9}, "rows": 3},
                            "dp_allreduce": {"points": [[1e6, 1e-3]], "processes": 2}}),
+    (Disturbance.parse, {"flagged": True, "warning": "calibration disturbed: 3 of 9 ...", "samples": 9,
+                         "disturbed": 3, "max_slowdown": 1.1,
+                         "runs": [{"run": 1, "baseline": {"work": 0.01, "noise": 0.01, "threshold": 0.02},
+                                   "points": {"flagged": 3, "retimed": 0, "still_flagged": 3}}]}),
     (lambda d: ModelEntry.parse(d, "operators.linear1.fwd"), {
         "features": ["m", "k", "n"], "rows": 40, "ranges": {"m": [8.0, 64.0], "k": [16.0, 16.0], "n": [24.0, 48.0]},
         "grid": {"m": [8.0, 64.0], "k": [16.0]}, "tree_features": ["m", "n"], "model": "xgboost",
@@ -107,6 +112,9 @@ def test_typed_fields_read_what_the_code_reads():
     section = StepTermsSection.parse(SECTIONS[6][1])
     assert "cross_validation" not in replace(section, cross_validation=None).to_dict()
     assert "interval" not in Validation(runs=val.runs).to_dict()
+    dist = Disturbance.parse(SECTIONS[8][1])
+    assert dist.flagged and dist.disturbed == 3 and dist.extra["runs"][0]["run"] == 1
+    assert Disturbance().to_dict() == {"flagged": False}  # a quiet calibration's, without counts
 
 
 def test_a_calibrated_manifest_round_trips_with_every_section():
@@ -119,7 +127,8 @@ def test_a_calibrated_manifest_round_trips_with_every_section():
             "provenance": SECTIONS[0][1], "calibration": SECTIONS[2][1], "training": data["training"],
             "arrays": data["arrays"], "operators": data["operators"], "collectives": data["collectives"],
             "extrapolation": "efficiency-curve", "engine": SECTIONS[7][1], "step_terms": SECTIONS[6][1],
-            "validation": SECTIONS[5][1], "from_a_newer_version": {"kept": True}}
+            "validation": SECTIONS[5][1], "disturbance": SECTIONS[8][1],
+            "from_a_newer_version": {"kept": True}}
     m = Manifest.parse(copy.deepcopy(data))
     assert m.to_dict() == data and list(m.to_dict()) == list(data)
     assert m.extra == {"from_a_newer_version": {"kept": True}} and m.facts.samples_from == ""
@@ -154,6 +163,8 @@ BAD = [
     (("engine",), {"optimizer_step": {"coef": {"t0": "fast"}}}, "engine.optimizer_step"),
     (("validation",), {"runs": [{"config": "/a.yml", "measured": 1.0}]}, "validation.runs[0]"),
     (("calibration",), {"dtype": "fp32", "threads": "many"}, "calibration.threads"),
+    (("disturbance",), {"flagged": "yes"}, "disturbance.flagged"),
+    (("disturbance",), {"flagged": True, "disturbed": "some"}, "disturbance.disturbed"),
 ]
 
 

@@ -54,6 +54,8 @@ class CalibrateResult:
     facts: Dict[str, object] = field(default_factory=dict)
     seconds: Dict[str, float] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)
+    disturbance: Optional[Dict[str, object]] = None  # the profile's section: was it disturbed
+    profile_warnings: List[str] = field(default_factory=list)
     command: str = "calibrate"
     render_hint: str = "calibrate_text"
     exit_code: int = exitcodes.OK
@@ -63,7 +65,8 @@ class CalibrateResult:
                 "plan": self.plan, "device": self.device, "operators": self.operators,
                 "collectives": self.collectives, "engine": self.engine, "fit": self.fit,
                 "facts": self.facts,
-                "seconds": self.seconds, "notes": self.notes}
+                "seconds": self.seconds, "notes": self.notes, "disturbance": self.disturbance,
+                "profile_warnings": self.profile_warnings}
 
 
 def default_home() -> Path:
@@ -137,6 +140,8 @@ def run_calibrate(args, progress: Optional[Progress] = None,
                         "failed": [{"point": p, "reason": r} for p, r in summary.failed],
                         "dtype": summary.dtype, "threads": summary.threads, "timer": summary.timer}
     result.seconds["operators"] = time.monotonic() - started
+    from ..calibration.machine import CpuClock
+    since = CpuClock().mark()  # other processes' CPU time during the collectives and the engine
 
     started = time.monotonic()
     step = _stepper(progress, "collectives")
@@ -157,6 +162,10 @@ def run_calibrate(args, progress: Optional[Progress] = None,
         result.engine = run_engine(engine_path(store), device, _stepper(progress, "engine"),
                                    nproc=nproc)
     result.seconds["engine"] = time.monotonic() - started
+    if summary.disturbance is not None and (result.engine or result.collectives.get("measured")
+                                            or result.collectives.get("buckets")):
+        from ..calibration.sweep import recheck
+        recheck(store, summary.run_id, device, "after the collectives and the engine", since)
 
     started = time.monotonic()
     try:
@@ -170,6 +179,10 @@ def run_calibrate(args, progress: Optional[Progress] = None,
     result.seconds["fit"] = time.monotonic() - started
     result.fit = [row.to_dict() for row in table]
     result.facts = fitted.manifest.facts.to_dict()
+    if fitted.manifest.disturbance is not None:
+        from ..profile.disturbance import profile_warnings
+        result.disturbance = fitted.manifest.disturbance.to_dict()
+        result.profile_warnings = profile_warnings(fitted)
     if summary.failed:
         notes.append(f"{len(summary.failed)} plan points could not be measured (see operators.failed)")
     return result

@@ -125,6 +125,7 @@ def run_from_run(args) -> FromRunResult:
     use = body["profile"]["name"] if where.parent == user_profiles_dir().resolve() else str(where)
     payload = {"cluster": str(args.cluster), "run_dir": run_dir, **body, "use": use,
                "before": before, "after": after, "improved": improved,
+               "profile_warnings": list(after["profile_warnings"]),
                "notes": list(dict.fromkeys(notes + [f"before: {n}" for n in before["notes"]]
                                            + [f"after: {n}" for n in after["notes"]]))}
     return FromRunResult(payload)

@@ -51,6 +51,7 @@ class PlanResult:
     written: Optional[str] = None
     overlay: dict = field(default_factory=dict)
     warnings: List[str] = field(default_factory=list)
+    profile_warnings: List[str] = field(default_factory=list)  # a disturbed calibration's
     command: str = "plan"
     render_hint: str = "plan_text"
 
@@ -103,6 +104,7 @@ class PlanResult:
             "written": self.written,
             "overlay": {k.replace("_", "-"): v for k, v in self.overlay.items()},
             "warnings": list(self.warnings),
+            "profile_warnings": list(self.profile_warnings),
         }
         if not p.admissible:
             out["error"] = {"message": " | ".join(p.no_layout.values())}
@@ -158,6 +160,7 @@ def run_plan(args) -> PlanResult:
     from ..config import load_files, raw_vocab
     from ..plan import Planner
     from ..predict import load_cluster
+    from ..profile.disturbance import profile_warnings
     profile = load_cluster(args.cluster)
     if args.gpus_per_node is not None and args.gpus_per_node < 1:
         raise UsageError("--gpus-per-node must be at least 1")
@@ -178,7 +181,8 @@ def run_plan(args) -> PlanResult:
                       max_micro_batch=args.max_micro_batch, keep=args.top)
     plan = planner.run(args.gpus)
     result = PlanResult(plan=plan, files=list(raw.files), profile_name=profile.name,
-                        facts=profile.facts, top=args.top, warnings=list(raw.warnings))
+                        facts=profile.facts, top=args.top, warnings=list(raw.warnings),
+                        profile_warnings=profile_warnings(profile))
     if plan.candidates:
         best = plan.candidates[0]
         result.overlay = planner.overrides(best.layout)

@@ -88,6 +88,7 @@ class ValidateResult:
     cluster: str
     gpus: int
     results: List[ConfigValidation] = field(default_factory=list)
+    profile_warnings: List[str] = field(default_factory=list)  # a disturbed calibration's
     command: str = "validate"
     render_hint: str = "validate_text"
     exit_code: int = exitcodes.OK
@@ -119,7 +120,8 @@ class ValidateResult:
                 "max_absolute_percentage_error": None if self.max_abs_error is None
                 else 100 * self.max_abs_error,
                 "mean_signed_percentage_error": None if self.mean_signed_error is None
-                else 100 * self.mean_signed_error}
+                else 100 * self.mean_signed_error,
+                "profile_warnings": list(self.profile_warnings)}
 
 
 # -- prediction -----------------------------------------------------------------------------
@@ -363,7 +365,9 @@ def run_validate(args, progress: Optional[Progress] = None) -> ValidateResult:
     from ..predict import load_cluster
     profile = load_cluster(args.cluster)
     iters = int(getattr(args, "iters", None) or 10)
-    result = ValidateResult(cluster=profile.name, gpus=args.gpus)
+    from ..profile.disturbance import profile_warnings
+    result = ValidateResult(cluster=profile.name, gpus=args.gpus,
+                            profile_warnings=profile_warnings(profile))
     workdir = getattr(args, "workdir", None)
     one = validate_one(args.configs, args.gpus, profile, iters, getattr(args, "vocab_size", None),
                        progress, Path(workdir) if workdir else None)

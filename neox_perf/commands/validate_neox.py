@@ -198,7 +198,9 @@ def run_validate_neox(args, progress: Optional[Progress] = None) -> ValidateResu
         raise UsageError(f"--neox: {exc}") from None
     profile = load_cluster(args.cluster)  # fail before a long launch on a bad profile
     iters = int(getattr(args, "iters", None) or 10)
-    result = ValidateResult(cluster=profile.name, gpus=args.gpus)
+    from ..profile.disturbance import profile_warnings
+    result = ValidateResult(cluster=profile.name, gpus=args.gpus,
+                            profile_warnings=profile_warnings(profile))
     workdir = getattr(args, "workdir", None)
     own = not workdir
     work = Path(tempfile.mkdtemp(prefix="neox-perf-validate-neox-")) if own else Path(workdir)

@@ -9,7 +9,7 @@ Sections: facts (facts.ClusterFacts), notes, provenance, calibration, training a
 (sections.py), operators and collectives (models.ModelEntry), extrapolation (the marker of
 profiles whose trainer fitted efficiency curves), engine (engine_terms.EngineSection), step
 terms (step_terms.StepTermsSection), a calibrated profile's validation runs
-(sections.Validation), and, for a cluster description only, what was transferred (never
+(sections.Validation), whether its calibration was disturbed (disturbance.Disturbance), and, for a cluster description only, what was transferred (never
 written). Keys this version does not know are kept in `extra` and written back.
 
 Adding a section: a frozen class with parse(data, where) and to_dict() (sections.py shows the
@@ -23,6 +23,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 from ..engine_terms import EngineSection
 from ..errors import ProfileError, reading, text
 from ..step_terms import StepTermsSection
+from .disturbance import Disturbance
 from .facts import ClusterFacts
 from .models import ModelEntry, parse_collectives, parse_operators
 from .sections import RETRAIN, ArraysRef, Calibration, Provenance, Training, Validation, mapping, ordered
@@ -34,7 +35,7 @@ REQUIRED = ("name", "facts", "operators", "collectives")
 # the keys in the order the writers write them
 ORDER = ("schema", "schema_version", "name", "facts", "notes", "provenance", "calibration", "training",
          "arrays", "operators", "collectives", "extrapolation", "engine", "step_terms", "validation",
-         "transfer")
+         "disturbance", "transfer")
 
 
 def _notes(data: Any) -> Tuple[str, ...]:
@@ -52,6 +53,7 @@ _SECTIONS = {
     "provenance": Provenance.parse, "calibration": Calibration.parse, "training": Training.parse,
     "arrays": ArraysRef.parse, "operators": parse_operators, "collectives": parse_collectives,
     "engine": _engine, "step_terms": StepTermsSection.parse, "validation": Validation.parse,
+    "disturbance": Disturbance.parse,
 }
 
 
@@ -70,6 +72,7 @@ class Manifest:
     engine: Optional[EngineSection] = None
     step_terms: Optional[StepTermsSection] = None
     validation: Optional[Validation] = None
+    disturbance: Optional[Disturbance] = None  # was its calibration disturbed (`neox-perf calibrate`)
     transfer: Optional[Mapping[str, Any]] = None  # a description's (predictors/transfer.py)
     extra: Mapping[str, Any] = field(default_factory=dict)  # keys this version does not know
     # Facts written before ClusterFacts had samples_from (the bundled profiles) lack the key:
@@ -123,7 +126,7 @@ class Manifest:
         out["collectives"] = {kind: e.to_dict() for kind, e in self.collectives.items()}
         if self.extrapolation is not None:
             out["extrapolation"] = self.extrapolation
-        for key in ("engine", "step_terms", "validation"):
+        for key in ("engine", "step_terms", "validation", "disturbance"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key).to_dict()
         if self.transfer is not None:

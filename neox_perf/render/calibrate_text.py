@@ -35,6 +35,29 @@ def _summary(result, console) -> None:
                       f"{facts['gpus_per_node']} per node, {facts['intra_node_link']['name']}")
 
 
+def _disturbance(result, console) -> None:
+    """Whether the machine was quiet while this profile's samples were timed."""
+    d = result.disturbance
+    if d is None:
+        return
+    if d.get("flagged"):
+        from .profile_warnings import render as profile_warnings
+        profile_warnings(result.profile_warnings, console)
+        return
+    runs = d.get("runs") or []
+    last = runs[-1] if runs else {}
+    threshold = (last.get("baseline") or {}).get("threshold", 0.0)
+    retimed = (last.get("points") or {}).get("retimed")
+    if retimed:
+        console.print(f"[dim]machine disturbed at times: the {retimed} samples timed then were "
+                      f"re-timed once the reference was back within {threshold:.1%} of its time "
+                      f"at rest[/dim]")
+    else:
+        console.print(f"[dim]machine quiet: no sample was timed while the reference strayed more "
+                      f"than {threshold:.1%} from its time at rest ({last.get('readings_taken', 0)} "
+                      f"readings)[/dim]")
+
+
 def render(result, console) -> None:
     _summary(result, console)
     ops = Table(title=f"Validation error per operator, MAPE % on a seeded 80/20 split (fit "
@@ -73,4 +96,5 @@ def render(result, console) -> None:
         console.print(f"[yellow]not measured[/yellow]: {f['point']}: {f['reason']}")
     if len(failed) > 5:
         console.print(f"... and {len(failed) - 5} more (see --json)")
+    _disturbance(result, console)
     console.print(f"use it: neox-perf check CONFIG --cluster {result.cluster}")

@@ -351,5 +351,7 @@ def _render_verdicts(result, console) -> None:
     worst finding (a config NeoX refuses never ends on an OK)."""
     for w in result.warnings:
         console.print(Text(f"{'NOTE':8} {w}", style="dim"))
+    from .profile_warnings import render as profile_warnings
+    profile_warnings(result.profile_warnings, console)
     for v in sorted(result.verdicts, key=lambda v: LEVELS.index(v.level)):
         console.print(Text(f"{v.level.upper():8} {v.line()}", style=LEVEL_STYLE.get(v.level)))

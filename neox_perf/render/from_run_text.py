@@ -92,4 +92,6 @@ def render(result, console) -> None:
                           "predicted from calibration shapes far from it[/dim]")
     for n in d.get("notes") or []:
         console.print(f"[yellow]note:[/yellow] {n}")
+    from .profile_warnings import render as profile_warnings
+    profile_warnings(d.get("profile_warnings"), console)
     console.print(f"use it: neox-perf check CONFIG --cluster {d['use']}")

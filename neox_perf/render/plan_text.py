@@ -23,10 +23,12 @@ def _hours(h) -> str:
 
 
 def render(result, console) -> None:
+    from .profile_warnings import render as profile_warnings
     plan, f = result.plan, result.facts
     if not plan.admissible:
         for line in plan.no_layout.values():
             console.print(Text(f"neox-perf: {line}", style="bold red"), soft_wrap=True)
+        profile_warnings(result.profile_warnings, console)
         return
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold")
@@ -93,6 +95,7 @@ def render(result, console) -> None:
                                f"{plan.admissible:,}{note}", style="cyan"))
     for line in plan.no_layout.values():
         console.print(Text(line, style="yellow"))
+    profile_warnings(result.profile_warnings, console)
     if multi:
         _chart(plan, console)
     if result.written:

@@ -112,6 +112,8 @@ def _render_report(r: dict, console) -> None:
     console.print(f"samples stored: {s.get('count', 0)} in {', '.join(s.get('stores') or []) or '-'}")
     for n in r.get("notes") or []:
         console.print(f"[yellow]note:[/yellow] {n}")
+    from .profile_warnings import render as profile_warnings
+    profile_warnings(r.get("profile_warnings"), console)
 
 
 def _bytes(x) -> str:

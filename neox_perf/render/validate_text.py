@@ -57,3 +57,5 @@ def render(result, console) -> None:
             console.print(Text(f"{r.config[-1].rsplit('/', 1)[-1]}: ") + line)
         for note in r.notes:
             console.print(f"note ({r.config[-1].rsplit('/', 1)[-1]}): {note}")
+    from .profile_warnings import render as profile_warnings
+    profile_warnings(result.profile_warnings, console)

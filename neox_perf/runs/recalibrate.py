@@ -74,6 +74,7 @@ def run_errors(run_dir: str, profile) -> Dict[str, Any]:
                       "median_abs_error": statistics.median(abs(o["error"]) for o in rows) if rows else None,
                       "time_weighted_abs_error": off / took if took else None},
         "notes": [n for n in r["notes"] if "no prediction" in n or "not usable" in n],
+        "profile_warnings": r["profile_warnings"],
     }
 
 

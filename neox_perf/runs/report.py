@@ -14,6 +14,7 @@ import os
 import statistics
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..profile.disturbance import profile_warnings
 from . import RunError, prediction
 from . import files as runfiles
 from .files import read_iterations
@@ -368,6 +369,7 @@ def build(run_dir: str, cluster: Optional[str] = None, profile=None, top: int = 
         "memory": _memory(ranks, ref, notes, iters.get("median")),
         "samples": _samples(run_dir),
         "notes": list(dict.fromkeys(notes + (pred.get("notes") or []))),
+        "profile_warnings": profile_warnings(profile) if profile is not None else [],
     }
 
 

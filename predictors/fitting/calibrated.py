@@ -79,6 +79,7 @@ def fit_store(store_path, name: str, out_dir, *, device: Optional[int] = None,
     dtypes = {r["info"].get("dtype") for r in runs if r["info"].get("dtype")}
     if dtype is None and len(dtypes) == 1:
         dtype = dtypes.pop()
+    disturbance = _disturbance(store_path, name, device, dtype, runs)
     sets = training_sets(store_path, device=device, dtype=dtype, source=source)
     facts, fact_notes = measured_facts(name, fingerprint, sets, procs)
     record = FileRecord(store_path, "store", "calibration", used_for="all", sha256=sha256_of(store_path),
@@ -140,12 +141,27 @@ def fit_store(store_path, name: str, out_dir, *, device: Optional[int] = None,
         "collectives": collectives,
         "extrapolation": extrapolate.MARKER,
     }
+    if disturbance is not None:
+        manifest["disturbance"] = disturbance.to_dict()
     out_dir = Path(out_dir)
     seconds = time.perf_counter() - started
     manifest["training"]["seconds"] = round(seconds, 1)
     written = write_profile(out_dir, manifest, pool.members)
     dropped = {p: dict(r) for p, r in record.dropped.items() if r}
     return LocalFit(out_dir, written, table, dropped, seconds)
+
+
+def _disturbance(store_path: Path, name: str, device: int, dtype: Optional[str], runs):
+    """The profile's `disturbance` section from the store: the calibration runs' records and
+    the operator samples still flagged as timed while the machine was disturbed."""
+    from neox_perf import opspec
+    from neox_perf.calibration.store import SampleStore
+    from neox_perf.profile.disturbance import from_calibration
+    with SampleStore(store_path) as store:
+        flagged = store.disturbed(device=device, dtype=dtype)
+        samples = sum(1 for s in store.samples(device=device, source="calibrate")
+                      if s.op in opspec.OPERATORS and (dtype is None or s.dtype == dtype))
+    return from_calibration(name, [r for r in runs if r["kind"] == "calibrate"], len(flagged), samples)
 
 
 def add_efficiency_curves(operators: Dict[str, Dict[str, dict]], sets) -> None:

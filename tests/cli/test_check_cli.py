@@ -21,7 +21,8 @@ def run(argv):
 
 CONTRACT = {
     "top": {"schema", "neox_perf_version", "command", "exit_code", "files", "cluster", "config",
-            "derived", "stages", "parameters", "flops", "tokens", "verdicts", "warnings", "prediction"},
+            "derived", "stages", "parameters", "flops", "tokens", "verdicts", "warnings",
+            "profile_warnings", "prediction"},
     "derived": {"raw_vocab_size", "raw_vocab_source", "padded_vocab_size", "world_size",
                 "data_parallel_size", "model_parallel_size", "pipeline_stages",
                 "micro_batches_per_iteration"},

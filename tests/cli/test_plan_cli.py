@@ -24,7 +24,7 @@ CONTRACT = {
             "global_batch", "global_batch_source", "train_iters", "memory_headroom", "evaluated",
             "predicted", "admissible", "bounded", "duplicates", "rejected", "seconds", "baseline",
             "baselines", "candidates", "pareto_front", "no_layout", "written", "overlay", "warnings",
-            "collapsed", "within_interval"},  # the last two added in v1 (adding keeps the version)
+            "collapsed", "within_interval", "profile_warnings"},  # the last three added in v1 (adding keeps the version)
     "candidate": {"rank", "gpus", "layout", "train_batch_size", "batch_difference",
                   "iteration_seconds", "interval_seconds", "tokens_per_second", "mfu", "run_hours",
                   "gpu_hours", "fits", "max_memory_fraction", "dominant", "pareto",

@@ -24,8 +24,8 @@ from test_runs import _hooked_pp2  # noqa: E402
 
 KEYS = {"schema", "neox_perf_version", "command", "exit_code", "cluster", "run_dir", "method",
         "profile", "store", "merged", "engine", "fit", "factors", "skipped", "use", "before",
-        "after", "improved", "notes", "step_terms"}
-ERROR_KEYS = {"profile", "iteration", "operators", "notes"}
+        "after", "improved", "notes", "step_terms", "profile_warnings"}
+ERROR_KEYS = {"profile", "iteration", "operators", "notes", "profile_warnings"}
 
 # Every operator of the reference workload's decomposition at shapes around the run's
 # (d 64, l 32, b 2, 4 heads, vocab 512), and p2p: seconds to measure.
@@ -133,6 +133,38 @@ def test_a_bundled_profile_gets_a_corrected_copy_under_a_new_name(hooked, tmp_pa
     assert text.returncode == 0, text.stderr[-3000:]
     out = " ".join(text.stdout.split())
     assert "Level-corrected" in out and "iteration error" in out and name in out and "lower" in out
+
+
+def test_a_disturbed_calibration_is_said_by_report_and_by_the_corrected_copy(hooked, tmp_path):
+    """A profile whose calibration was disturbed: `report` with it and `calibrate --from-run` of
+    it carry the warning; the level-corrected copy keeps the profile's record."""
+    from dataclasses import replace
+
+    from neox_perf.predictors.profile import load_profile
+    from neox_perf.profile import directory
+    from neox_perf.profile.disturbance import Disturbance
+    if not hooked["cluster"]:
+        pytest.skip("no bundled cluster profile")
+    shaky = tmp_path / "shaky"
+    bundled = load_profile(hooked["cluster"])
+    shutil.copytree((bundled.base or bundled).path, shaky)  # a sampled profile's directory
+    warning = "calibration disturbed: 5 of 50 operator samples were timed while ... (a test)."
+    directory.update(shaky, lambda m: replace(m, name="shaky", disturbance=Disturbance(True, warning, 50, 5)))
+    run = str(hooked["run_dir"])
+    home = tmp_path / "home"
+    report = cli(["report", run, "--cluster", str(shaky), "--json"], cwd=tmp_path,
+                 env=base_env(NEOX_PERF_HOME=str(home)))
+    assert report.returncode == 0, report.stderr[-3000:]
+    assert json.loads(report.stdout)["profile_warnings"] == [f"profile shaky: {warning}"]
+    text = cli(["report", run, "--cluster", str(shaky)], cwd=tmp_path, env=base_env(NEOX_PERF_HOME=str(home)))
+    assert "WARNING  profile shaky: calibration disturbed" in text.stdout
+    fixed = _calibrate(["--cluster", str(shaky), "--from-run", run, "--out", str(tmp_path / "fixed"),
+                        "--json"], home, tmp_path)
+    assert fixed.returncode == 0, fixed.stderr[-3000:]
+    data = json.loads(fixed.stdout)
+    assert data["method"] == "level" and data["profile_warnings"] == [f"profile fixed: {warning}"]
+    assert data["before"]["profile_warnings"] == [f"profile shaky: {warning}"]
+    assert load_profile(tmp_path / "fixed").manifest.disturbance.flagged
 
 
 def test_a_calibrated_profile_is_refitted_in_place_from_its_store(hooked, tiny_home, tmp_path):

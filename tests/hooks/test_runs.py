@@ -133,7 +133,7 @@ def test_operator_samples_of_both_stages_are_in_the_store(hooked):
 # The report's JSON contract: renaming or removing one of these bumps the schema version.
 REPORT_KEYS = {"schema", "neox_perf_version", "command", "exit_code", "run_dir", "launch_command",
                "launch_exit_code", "layout", "config", "cluster", "iteration", "components",
-               "operators", "unmapped", "prediction", "samples", "notes"}
+               "operators", "unmapped", "prediction", "samples", "notes", "profile_warnings"}
 
 
 def test_report_predicted_vs_measured(hooked):

@@ -39,6 +39,7 @@ def test_the_json_envelope_has_the_comparison(validated, capsys):
     emit(result, want_json=True)
     data = json.loads(capsys.readouterr().out)
     assert data["schema"] == "neox-perf/validate/v1" and data["exit_code"] == 0
+    assert data["profile_warnings"] == []  # a bundled profile's calibration was not ours to watch
     (r,) = data["results"]
     assert {"config", "predicted_seconds", "measured_seconds", "components"} <= set(r)
     assert [c.rsplit("/", 1)[-1] for c in r["config"]] == ["tiny.yml", "flash.yml"]

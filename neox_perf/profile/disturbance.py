@@ -1,0 +1,137 @@
+"""Whether the calibration a profile was fitted from was disturbed, and the warning every
+report made with it carries (docs/calibration-disturbance.md).
+
+`neox-perf calibrate` times a fixed reference at its start, along the way and at its end,
+watches the machine, flags in the sample store the samples timed while the machine was
+disturbed and re-times what it can (calibration/disturbance.py). When the profile is fitted,
+``from_calibration`` turns the store's record into this section: how many of the fitted
+operator samples are still flagged, what the reference and the machine showed, and one warning
+line. ``profile_warnings`` gives that line to check, plan, validate, report and
+`calibrate --from-run`, for the profile and for the sampled profile a description stands on.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from ..errors import reading, text
+from .sections import RETRAIN, _typed, _write, mapping
+
+
+@dataclass(frozen=True)
+class Disturbance:
+    """The manifest's `disturbance` section (profiles made by `neox-perf calibrate`)."""
+
+    flagged: bool = False  # some of what the profile was fitted on was timed while disturbed
+    warning: Optional[str] = None  # the line reports print when flagged
+    samples: Optional[int] = None  # operator samples of the calibrated device and dtype
+    disturbed: Optional[int] = None  # of them, still flagged as timed while disturbed
+    extra: Mapping[str, Any] = field(default_factory=dict)  # per run: reference, baseline, readings
+
+    ORDER = ("flagged", "warning", "samples", "disturbed", "max_slowdown", "runs")
+
+    @classmethod
+    def parse(cls, data: Any, where: str = "disturbance") -> "Disturbance":
+        data = mapping(data, where)
+        with reading(f"{where}.flagged", RETRAIN):
+            flagged = data.get("flagged", False)
+            if not isinstance(flagged, bool):
+                raise TypeError(f"expected true or false, got {flagged!r}")
+        with reading(f"{where}.warning", RETRAIN):
+            warning = None if data.get("warning") is None else text(data["warning"])
+        counts = {}
+        for key in ("samples", "disturbed"):
+            with reading(f"{where}.{key}", RETRAIN):
+                counts[key] = None if data.get(key) is None else int(data[key])
+        return cls(flagged, warning, **counts, extra={k: v for k, v in data.items() if k not in _typed(cls)})
+
+    def to_dict(self) -> Dict[str, Any]:
+        return _write(self, self.ORDER, always=("flagged",))
+
+
+def describe(found: Mapping[str, Any]) -> List[str]:
+    """A reading's findings (calibration/disturbance.Baseline.findings) in words."""
+    why = []
+    if "drift" in found:
+        why.append(f"the reference took {1 + found['drift']:.2f}x its time at rest while other "
+                   f"processes kept {found.get('others_cores', 0.0):.2f} cores busy")
+    if "waited" in found:
+        why.append(f"other processes held this CPU {found['waited']:.0%} of the reference's time")
+    if found.get("gpu_neighbours"):
+        why.append("other processes on the GPU: " + ", ".join(
+            f"pid {p['pid']} ({p['memory_bytes'] / 2**30:.1f} GiB)" for p in found["gpu_neighbours"]))
+    return why
+
+
+def worst(findings: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
+    """Several readings' findings merged: the largest drift and wait, every GPU neighbour."""
+    out: Dict[str, Any] = {}
+    for f in findings:
+        for key in ("drift", "waited", "others_cores"):
+            if key in f:
+                out[key] = max(out.get(key, 0.0), f[key])
+        for n in f.get("gpu_neighbours") or ():
+            if n not in out.setdefault("gpu_neighbours", []):
+                out["gpu_neighbours"].append(n)
+    return out
+
+
+def from_calibration(name: str, runs: Sequence[Mapping[str, Any]], disturbed: int,
+                     samples: int) -> Optional[Disturbance]:
+    """The section of a profile fitted from a store: ``runs`` the store's calibration runs of the
+    device (their info holds the watch's record under "disturbance"), ``disturbed`` how many of
+    the ``samples`` operator samples fitted are still flagged. None when no run was watched."""
+    records = [(r, r["info"]["disturbance"]) for r in runs
+               if isinstance((r.get("info") or {}).get("disturbance"), Mapping)]
+    if not records:
+        return None
+    after = [rec["after"] for _, rec in records if (rec.get("after") or {}).get("why")]
+    flagged = disturbed > 0 or bool(after)
+    slowdown = max(float(rec.get("max_slowdown") or 0.0) for _, rec in records)
+    noise = [rec["baseline"]["noise"] for _, rec in records if rec.get("baseline")]
+    runs_out = [{"run": r["id"], **{k: rec.get(k) for k in (
+        "reference", "baseline", "readings_taken", "max_slowdown", "max_waited", "max_drift",
+        "windows", "disturbed_windows", "points", "retime", "machine", "reasons", "after")
+        if rec.get(k) is not None}} for r, rec in records]
+    warning = None
+    if flagged:
+        parts = []
+        if disturbed:
+            parts.append(f"{disturbed} of {samples} operator samples were timed while other "
+                         f"work shared the machine")
+        parts += [f"{a['what']}, {'; '.join(a['why'])}" for a in after]
+        found = worst([rec.get("reasons") or {} for _, rec in records]
+                      + [a.get("found") or {} for a in after])
+        seen = []
+        if "waited" in found:
+            seen.append(f"the reference waited for a CPU up to {found['waited']:.0%} of its time")
+        if "drift" in found:
+            seen.append(f"took up to {1 + found['drift']:.2f}x its time at rest while other "
+                        f"processes kept up to {found.get('others_cores', 0.0):.2f} cores busy")
+        if found.get("gpu_neighbours"):
+            seen += [w for w in describe({"gpu_neighbours": found["gpu_neighbours"]})]
+        if seen and noise:
+            seen[-1] += f", beyond its own noise of {max(noise):.1%}"
+        warning = (f"calibration disturbed: {'; '.join(parts)}"
+                   + (f" ({', '.join(seen)})" if seen else "")
+                   + f". Its predictions may be too slow. Fix: on a quiet machine, run the same "
+                     f"`neox-perf calibrate --cluster {name}` again: it measures the flagged "
+                     f"samples again and refits"
+                   + (" (the collectives and the engine are measured again only into a new "
+                      "--store)" if after else "") + ".")
+    return Disturbance(flagged, warning, samples, disturbed,
+                       extra={"max_slowdown": slowdown, "runs": runs_out})
+
+
+def profile_warnings(profile) -> List[str]:
+    """The warnings a report made with ``profile`` carries: its own calibration's, and those of
+    the sampled profile a cluster description stands on."""
+    out: List[str] = []
+    for p in (profile, getattr(profile, "base", None)):
+        manifest = getattr(p, "manifest", None)
+        section = getattr(manifest, "disturbance", None)
+        if section is not None and section.flagged and section.warning:
+            line = f"profile {manifest.name}: {section.warning}"
+            if line not in out:
+                out.append(line)
+    return out
