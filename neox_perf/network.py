@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, Optional
 
+from .errors import ProfileError
+
 # An all-reduce of 1 GiB of fp16 gradients (a 0.5B-parameter stage's) across two nodes: large
 # enough that latency is noise, small enough to sit in every profile's sampled range.
 PROBE_ELEMENTS = 2 ** 29
@@ -43,7 +45,9 @@ def reading(profile) -> Optional[NetworkReading]:
     gpn = facts.gpus_per_node
     try:
         seconds = profile.predict_collective("allreduce", PROBE_ELEMENTS, 2, gpn).seconds
-    except (ValueError, KeyError):  # a profile without an all-reduce model says so elsewhere
+    except (ProfileError, ValueError, KeyError):
+        # a profile calibrated without collectives (one GPU, `calibrate --for` a 1-GPU config)
+        # has no network to show; a job that needs one is told so by its own prediction
         return None
     if seconds <= 0:
         return None

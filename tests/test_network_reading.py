@@ -37,3 +37,21 @@ def test_check_and_clusters_show_it(capsys):
     assert main(["clusters", "--json"]) == 0
     rows = {p["name"]: p for p in json.loads(capsys.readouterr().out)["profiles"]}
     assert rows["vista-gh200"]["measured"] and rows["vista-gh200"]["network"]["how"] == "sampled"
+
+
+def test_a_profile_without_collectives_has_no_reading_and_check_still_runs():
+    """A profile calibrated for a 1-GPU config samples no collective: it has no network to show,
+    and `check` of a 1-GPU job on it still predicts (it needs no collective)."""
+    from neox_perf.errors import ProfileError
+
+    class NoCollectives:
+        def __init__(self, prof):
+            self._prof = prof
+
+        def __getattr__(self, name):
+            return getattr(self._prof, name)
+
+        def predict_collective(self, kind, *args):
+            raise ProfileError("mine", f"profile mine has no model for {kind}", "calibrate it")
+
+    assert reading(NoCollectives(load_cluster("perlmutter-a100-80gb"))) is None
