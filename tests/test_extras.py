@@ -18,8 +18,10 @@ from test_import_layers import EDGES, MODULES, REPO
 # as their own processes under torchrun: `python -m neox_perf.calibration...`).
 ROOTS = ["neox_perf.commands.calibrate", "neox_perf.commands.from_run"] + sorted(
     m for m in MODULES if m.startswith("neox_perf.calibration"))
-# Imported only where present, inside try: GPT-NeoX's fused softmax kernel (CUDA builds of NeoX).
-OPTIONAL = {"scaled_upper_triang_masked_softmax_cuda"}
+# Imported only where present, inside try: GPT-NeoX's fused softmax kernel (CUDA builds of NeoX),
+# and NVML's bindings (calibration/machine.py asks which other processes hold the GPU, and says
+# nothing where it cannot ask; a CUDA node has them with its driver stack).
+OPTIONAL = {"scaled_upper_triang_masked_softmax_cuda", "pynvml"}
 
 
 def _canonical(name: str) -> str:
