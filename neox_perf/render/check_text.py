@@ -112,23 +112,29 @@ def render(result, console) -> None:
     console.print(Panel(head, title="neox-perf check", title_align="left"))
 
     if d is not None:
-        table = Table(title="Pipeline stages (per GPU)", title_justify="left", box=box.SIMPLE_HEAD, collapse_padding=True,
+        table = Table(title="Pipeline stages (per GPU)", title_justify="left", box=box.SIMPLE_HEAD, padding=0,
                       pad_edge=False)
         from ..derive.memory import columns
         names = ("weights", "grads", "optim", "activ.", "logits/buffers", "device overhead")
-        for col in ("stage", "specs", "blocks", "params") + names + ("total", "of GPU"):
-            table.add_column(col, justify="right" if col != "specs" else "left")
+        # Headers wrap at their space or slash, never mid-word; below ~100 columns the specs
+        # column (in --json) gives way so that every figure stays whole at 80.
+        specs = console.width >= 100
+        for col in ("stage",) + (("specs",) if specs else ()) + ("blocks", "params") + names + ("total", "of GPU"):
+            table.add_column(col.replace("/", "/\n").replace(" ", "\n"),
+                             justify="right" if col != "specs" else "left", no_wrap=True)
         for s in d.stages:
             mem = s.memory
             cols = columns(mem)
             usable = mem.usable_capacity
             share = f"{mem.device_total / usable:.0%}" if usable else "-"
             style = "bold red" if usable and mem.device_total > usable else None
-            table.add_row(str(s.index), f"[{s.start},{s.stop})", str(s.transformer_layers),
-                          _n(s.params_per_rank), *(f"{cols[n] / GIB:.1f}G" for n in names),
-                          f"{mem.device_total / GIB:.1f}G", share, style=style)
+            table.add_row(str(s.index), *([f"[{s.start},{s.stop})"] if specs else []), str(s.transformer_layers),
+                          _n(s.params_per_rank), *(_gib(cols[n]) for n in names),
+                          _gib(mem.device_total), share, style=style)
         console.print(table)
-        console.print(Text("specs: [start, stop) of NeoX's PipelineModule layer list; blocks: transformer "
+        console.print(Text(("specs: [start, stop) of NeoX's PipelineModule layer list; " if specs else
+                            "specs ([start, stop) of NeoX's layer list): --json, or 100+ columns; ")
+                           + "blocks: transformer "
                            "layers; memory in GiB per GPU at the stage's peak (backward or optimizer "
                            "step): what is live then, plus the device overhead above it (allocator "
                            "reserve, CUDA context, NCCL); total: what nvidia-smi shows; of GPU: of "
@@ -137,6 +143,12 @@ def render(result, console) -> None:
         _render_prediction(result, console)
     _render_suggestion(result, console)
     _render_verdicts(result, console)
+
+
+def _gib(n: float) -> str:
+    """GiB at a width the 80-column stage table holds: 0.1 GiB below 100, whole GiB above."""
+    g = n / GIB
+    return f"{g:.1f}G" if g < 99.95 else f"{g:.0f}G"
 
 
 def _render_prediction(result, console) -> None:

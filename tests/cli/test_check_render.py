@@ -95,3 +95,25 @@ def test_the_paper_is_named(monkeypatch):
     text = " ".join(render(ARGV, 120, monkeypatch).replace("│", " ").split())
     assert "paper Eq. 7" not in text and "paper Table" not in text
     assert "arXiv 2509.22832, Eq. 7" in text
+
+
+@pytest.mark.parametrize("width", [80, 120])
+@pytest.mark.parametrize("config, gpus", [("175B.yml", "1"), ("175B.yml", "512"), ("20B.yml", "96"),
+                                          ("llama2/7B.yml", "128")])
+def test_the_stage_table_keeps_every_header_and_figure_whole(neox_configs, monkeypatch, width, config, gpus):
+    """No header or figure of the stage table is cut to an ellipsis, at 80 columns too (the
+    table of a model far out of memory has 4-digit GiB figures)."""
+    argv = ["check", str(neox_configs / config), "--gpus", gpus, "--cluster", "perlmutter-a100-80gb",
+            "--set", "train_micro_batch_size_per_gpu=4", "--set", "gradient_accumulation_steps=8"]
+    lines = render(argv, width, monkeypatch).splitlines()
+    start = lines.index(next(l for l in lines if l.startswith("Pipeline stages")))
+    end = next(i for i in range(start + 3, len(lines)) if not lines[i].strip())
+    table = lines[start:end]
+    assert all("…" not in l for l in table), "\n".join(table)
+    header = " ".join(" ".join(table[1:4]).split())
+    for word in ("stage", "blocks", "params", "weights", "grads", "optim", "activ.", "logits/",
+                 "buffers", "device", "overhead", "total", "of", "GPU"):
+        assert word in header.split(), word
+    assert ("specs" in header.split()) == (width >= 100)
+    rows = [l.split() for l in table[4:] if l.strip() and l.split()[0].isdigit()]
+    assert rows and all(r[-1].endswith("%") for r in rows)
