@@ -11,8 +11,8 @@ ridge point P/W decides how much of the time follows compute and how much bandwi
 GEMM moves with P, a norm or an optimizer step with W, and an attention batched matmul near
 the ridge with both, where the plain roofline max(F/P, B/W) flips wholly to one side. The
 additive form is also the profile's own baseline (t0 + F/P + B/W). Measured leave-one-GPU-out
-(A100-SXM4-80GB <-> GH200), it beats the plain roofline ratio on every summary (median MAPE
-over operators 10.9% vs 13.6% and 11.7% vs 16.7%); keeping the base's fitted fixed cost t0
+(A100-SXM4-80GB <-> GH200, achievable rates), it beats the plain roofline ratio on every
+summary (median MAPE over operators 11.1% vs 12.7% and 11.9% vs 15.0%); keeping the base's fitted fixed cost t0
 unscaled ("fixed_additive") helps multi-kernel operators (rope, rmsnorm, cross-entropy) but
 loses on single kernels and on the median, so it is not the default. Nothing is fitted on a
 target GPU's samples. Operators whose kernels differ between the two software stacks
