@@ -3,6 +3,7 @@ version beside the old one swapped in whole: no other module even names the mani
 arrays file, and a writer killed at any point (SIGKILL: nothing runs on the way out) leaves the
 old profile readable -- or the new one, once the swap is done."""
 import ast
+import dataclasses
 import json
 import os
 import shutil
@@ -170,3 +171,26 @@ def test_a_failing_change_leaves_the_profile_as_it_was(profile_copy):
         directory.update(profile_copy, bad)
     assert {p.name: p.read_bytes() for p in profile_copy.iterdir()} == before
     assert sorted(os.listdir(profile_copy.parent)) == ["p"]
+
+
+def test_a_writer_inside_a_pending_version_writes_it_and_leaves_nothing_astray(profile_copy):
+    """A refit builds its new version with the helpers that write a whole profile (fit, engine
+    terms, its own record): `update` of that pending version changes it in place, and a nested
+    `replacing` names its temporary directory after the profile, where the next writer after a
+    kill finds it (a name it did not match was left behind for good)."""
+    parent = profile_copy.parent
+    with directory.replacing(profile_copy) as tmp:
+        for entry in profile_copy.iterdir():
+            shutil.copy2(entry, tmp / entry.name)
+        before = set(os.listdir(parent))
+        directory.update(tmp, lambda m: dataclasses.replace(m, notes=m.notes + ("in place",)))
+        assert set(os.listdir(parent)) == before  # no version of the version
+        with directory.replacing(tmp) as inner:
+            assert inner.name.startswith(f".{profile_copy.name}.tmp-{os.getpid()}-")
+            directory.write(inner, directory.read(tmp), arrays_from=tmp)
+            directory.recover_dir(profile_copy)  # this process is alive: nothing of it is touched
+            assert inner.is_dir() and tmp.is_dir()
+    assert directory.read(profile_copy).notes[-1] == "in place"
+    assert sorted(os.listdir(parent)) == ["p"]
+    assert directory._PENDING == {}
+    assert _state(profile_copy)[1:] == _state(bundled_dir() / "perlmutter-a100-80gb")[1:]

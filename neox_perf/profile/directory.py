@@ -13,6 +13,11 @@ one renameat2(RENAME_EXCHANGE) on Linux, else two renames, a kill between which 
 version aside where `recover_dir` (run by every writer, and by the loader when a profile is
 missing) puts it back. A failure or a kill at any moment leaves the old profile or the new one
 whole, never a mix of their files.
+
+A writer may be handed a directory `replacing` gave out and has not swapped in yet (a refit
+builds its new version with the helpers that write a profile, then records more in it): that
+version is read by nobody, so `update` changes it in place, and a `replacing` of it names its
+own temporary directory after the profile both will replace, where `recover_dir` finds it.
 """
 from __future__ import annotations
 
@@ -134,6 +139,14 @@ def write(directory, manifest: Manifest, arrays: Optional[Mapping[str, object]] 
     return manifest
 
 
+# The directories `replacing` has given out and not swapped in yet -> the profile each replaces.
+_PENDING: dict = {}
+
+
+def _pending(directory) -> Optional[Path]:
+    return _PENDING.get(Path(directory).resolve())
+
+
 @contextmanager
 def replacing(final) -> Iterator[Path]:
     """An empty directory beside ``final`` to write a new version of that profile into; when
@@ -141,8 +154,10 @@ def replacing(final) -> Iterator[Path]:
     block leaves ``final`` as it was and the new version is removed (by the next writer after
     a kill)."""
     final = Path(final)
-    recover_dir(final)
-    tmp = temp_dir_for(final)
+    profile = _pending(final) or final  # ``final`` may itself be a version not swapped in yet
+    recover_dir(profile)
+    tmp = temp_dir_for(final, profile.name)
+    _PENDING[tmp.resolve()] = profile
     try:
         yield tmp
         _fsync_dir(tmp)
@@ -150,12 +165,17 @@ def replacing(final) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        _PENDING.pop(tmp.resolve(), None)
 
 
 def update(directory, change: Callable[[Manifest], Manifest]) -> Manifest:
     """A new version of the profile in ``directory``: its manifest changed by ``change``, every
-    other file carried over as it is, swapped in whole. Returns the manifest written."""
+    other file carried over as it is, swapped in whole (in place where ``directory`` is a version
+    `replacing` has not swapped in yet: nobody reads it). Returns the manifest written."""
     directory = Path(directory)
+    if _pending(directory) is not None:
+        return write(directory, change(read(directory)))
     with replacing(directory) as tmp:
         manifest = change(read(directory))
         for entry in directory.iterdir():
@@ -244,11 +264,12 @@ def recover_dir(final: Path) -> None:
                 shutil.rmtree(path, ignore_errors=True)
 
 
-def temp_dir_for(final: Path) -> Path:
-    """An empty directory beside `final` (same file system, so it can be renamed onto it)."""
+def temp_dir_for(final: Path, name: Optional[str] = None) -> Path:
+    """An empty directory beside `final` (same file system, so it can be renamed onto it),
+    named for the profile ``name`` (default `final`'s) so that `recover_dir` finds it."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-{os.getpid()}-", dir=str(final.parent)))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name or final.name}.tmp-{os.getpid()}-", dir=str(final.parent)))
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would hide the profile from a shared group
