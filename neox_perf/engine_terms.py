@@ -227,12 +227,6 @@ def _rest(value: Mapping[str, Any], known) -> Dict[str, Any]:
     return {k: v for k, v in value.items() if k not in known}
 
 
-def section_of(profile) -> Optional[EngineSection]:
-    """The engine section of a profile (a neox_perf.profile.protocol.Profile), parsed with its
-    manifest; None without one."""
-    return profile.manifest.engine
-
-
 @dataclass(frozen=True)
 class EngineTerms:
     """A profile's engine terms applied to one decomposition (None when not applicable)."""
@@ -252,7 +246,7 @@ class EngineTerms:
 
     @classmethod
     def of(cls, profile, decomp) -> Optional["EngineTerms"]:
-        section = section_of(profile)
+        section = profile.manifest.engine  # parsed with the manifest
         if section is None or section.precision != decomp.precision:
             return None
         return cls(section, decomp.micro_batches, decomp.zero_stage)

@@ -5,8 +5,6 @@ import os
 from dataclasses import dataclass, field
 from typing import Optional
 
-import os
-
 from .. import exitcodes
 from ..errors import UsageError
 from .argtypes import positive_int as _positive_int

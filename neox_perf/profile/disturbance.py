@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from ..errors import reading, text
-from .sections import RETRAIN, _typed, _write, mapping
+from .sections import RETRAIN, _optional, _typed, _write, mapping
 
 
 @dataclass(frozen=True)
@@ -37,13 +37,9 @@ class Disturbance:
             flagged = data.get("flagged", False)
             if not isinstance(flagged, bool):
                 raise TypeError(f"expected true or false, got {flagged!r}")
-        with reading(f"{where}.warning", RETRAIN):
-            warning = None if data.get("warning") is None else text(data["warning"])
-        counts = {}
-        for key in ("samples", "disturbed"):
-            with reading(f"{where}.{key}", RETRAIN):
-                counts[key] = None if data.get(key) is None else int(data[key])
-        return cls(flagged, warning, **counts, extra={k: v for k, v in data.items() if k not in _typed(cls)})
+        return cls(flagged, _optional(data, "warning", text, where), _optional(data, "samples", int, where),
+                   _optional(data, "disturbed", int, where),
+                   extra={k: v for k, v in data.items() if k not in _typed(cls)})
 
     def to_dict(self) -> Dict[str, Any]:
         return _write(self, self.ORDER, always=("flagged",))
@@ -109,7 +105,7 @@ def from_calibration(name: str, runs: Sequence[Mapping[str, Any]], disturbed: in
             seen.append(f"took up to {1 + found['drift']:.2f}x its time at rest while other "
                         f"processes kept up to {found.get('others_cores', 0.0):.2f} cores busy")
         if found.get("gpu_neighbours"):
-            seen += [w for w in describe({"gpu_neighbours": found["gpu_neighbours"]})]
+            seen += describe({"gpu_neighbours": found["gpu_neighbours"]})
         if seen and noise:
             seen[-1] += f", beyond its own noise of {max(noise):.1%}"
         warning = (f"calibration disturbed: {'; '.join(parts)}"

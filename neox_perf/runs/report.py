@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..profile.disturbance import profile_warnings
 from . import RunError, prediction
+from .memory import error as _err  # (predicted - measured) / measured, None without both
 from . import files as runfiles
 from .files import read_iterations
 
@@ -28,12 +29,6 @@ PARTITION_GATHER_PHASES = ("forward", "backward", "recv_grads")
 
 class ReportError(RunError):
     """The run dir holds nothing to report; the message says why and what to do."""
-
-
-def _err(pred: Optional[float], meas: Optional[float]) -> Optional[float]:
-    if pred is None or meas is None or meas <= 0:
-        return None
-    return (pred - meas) / meas
 
 
 def _pick_job(summaries: List[dict], notes: List[str]) -> List[dict]:
