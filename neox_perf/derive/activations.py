@@ -118,14 +118,10 @@ def softmax_saved(ctx: ActivationContext) -> List[Saved]:
     softmax output (fp32 when the input is upcast) and, upcast, the half copy the bmm reads."""
     m, e = ctx.model, ctx.act_bytes
     scores = (m.num_attention_heads // ctx.tp) * m.seq_length * m.seq_length * ctx.micro_batch
-    items = []
-    if softmax_path(ctx) == "fused":
-        items.append(("attention probabilities", e * scores))
-    elif softmax_path(ctx) == "fp32 copy":
-        items += [("attention probabilities fp32", 4 * scores),
-                  ("attention probabilities half", e * scores)]
-    else:
-        items.append(("attention probabilities", e * scores))
+    if softmax_path(ctx) == "fp32 copy":
+        items = [("attention probabilities fp32", 4 * scores), ("attention probabilities half", e * scores)]
+    else:  # the fused kernel's output, or the torch softmax's in the input's dtype
+        items = [("attention probabilities", e * scores)]
     if ctx.opts.attention_dropout > 0:
         items += [("attention dropout mask", ctx.mask_bytes * scores),
                   ("attention dropout output", e * scores)]

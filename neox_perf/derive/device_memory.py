@@ -65,9 +65,10 @@ def communicators(parallel, stage: int, num_stages: int, tied: bool) -> Dict[str
     return {"collective": collective, "p2p": p2p}
 
 
-def device_terms(allocated: int, *, largest_transient: float, live_tensors: int, parallel,
+def device_terms(*, largest_transient: float, live_tensors: int, parallel,
                  stage: int, num_stages: int, tied: bool, device: str) -> Dict[str, int]:
-    """Bytes per term above `allocated` (empty on a CPU run: there is no device to hold them)."""
+    """Bytes per term above the allocated peak (empty on a CPU run: there is no device to hold
+    them)."""
     if device != "cuda":
         return {}
     comms = communicators(parallel, stage, num_stages, tied)

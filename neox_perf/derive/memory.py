@@ -118,10 +118,11 @@ def stage_memory(*, stage: int, num_stages: int, layers: Sequence, model: ModelS
     r = lambda x: int(round(x))
     parts = {c: r(v) for c, v in peak.parts.items()}
     total = sum(parts.values())
-    terms = device_terms(total, largest_transient=st.largest_transient(),
+    terms = device_terms(largest_transient=st.largest_transient(),
                          live_tensors=st.live_tensors(), parallel=parallel, stage=stage,
                          num_stages=num_stages, tied=not model.no_weight_tying, device=device)
     device_total = total + sum(terms.values())
+    usable_capacity = None if gpu_memory_bytes is None else usable(gpu_memory_bytes)
     b = backward.parts
     return StageMemory(
         stage=stage, micro_batches_in_flight=st.in_flight, optimizer_wrapper=st.layout.wrapper,
@@ -133,9 +134,9 @@ def stage_memory(*, stage: int, num_stages: int, layers: Sequence, model: ModelS
         persistent=r(st.weights + st.full_gradients + st.master + st.states),
         backward_peak=r(backward.total), step_peak=r(step.total), total=total,
         capacity=gpu_memory_bytes,
-        headroom=None if gpu_memory_bytes is None else usable(gpu_memory_bytes) - device_total,
+        headroom=None if usable_capacity is None else usable_capacity - device_total,
         peak=parts, peak_moment=peak.where, device_terms=terms, device_total=device_total,
-        usable_capacity=None if gpu_memory_bytes is None else usable(gpu_memory_bytes))
+        usable_capacity=usable_capacity)
 
 
 _STEP = "optimizer step"
@@ -263,9 +264,7 @@ class _Stage:
                 out += 8 * tok  # the position ids the position embedding keeps
             # the mask: PipelineEngine's forward clones its inputs; NeoX's get_batch makes it
             return out + m.seq_length ** 2
-        if self.pipelined:
-            return self.ctx.hidden + self.model.seq_length ** 2  # + the bool mask's clone
-        return 0.0
+        return self.received() if self.pipelined else 0.0
 
     def head_items(self) -> float:
         """Final norm (last stage): kept until the head's backward."""
@@ -484,13 +483,10 @@ class _Stage:
         mo = _Moment(f"forward of the head and loss ({in_flight} in flight)")
         mo.add("activations", in_flight * per_mb - ctx.hidden)
         logit = logits_bytes(ctx, self.vocab)
-        mo.add("logits", (self.slots + 1) * logit if self.pipelined else logit)
+        mo.add("logits", logit)  # the new ones; _common adds the pipeline slots' earlier logits
         mo.add("logits", loss_copy_bytes(ctx, self.vocab))
         self._received(mo, in_flight, held=self.slots)
-        mo = self._common(mo, accumulate, 0.0)
-        if self.pipelined:  # _common counted the slots' logits once already
-            mo.add("logits", -self.slots * logit)
-        return mo
+        return self._common(mo, accumulate, 0.0)
 
     def _head_backward(self, per_mb, in_flight, accumulate) -> List[_Moment]:
         """The loss's and the head's backward on the last stage, every saved tensor alive:
