@@ -165,9 +165,9 @@ def p2p_placement(boundary: int, stage_ranks: int, gpus_per_node: int) -> Tuple[
     in lockstep, so one pair across a node boundary puts the whole boundary across nodes; where a
     stage is smaller than a node, some boundaries fall inside a node and some on its edge."""
     first = boundary * stage_ranks
-    crosses = any(r // gpus_per_node != (r + stage_ranks) // gpus_per_node
-                  for r in range(first, first + min(stage_ranks, gpus_per_node)))
-    return (2, 1) if crosses else (1, 2)
+    # a pair group spaced stage_ranks apart, from each rank of the stage (one node's worth)
+    return group_placement(2, stage_ranks, gpus_per_node,
+                           range(first, first + min(stage_ranks, gpus_per_node)))
 
 
 def _call(op: str, phase: str, count: float, scope: str, dtype_bytes: int, launches: int = 1,

@@ -55,7 +55,12 @@ def gpu_of(profile) -> Optional[gpus.GPU]:
     """The GPU-table row of a profile (neox_perf.profile.protocol.Profile) by its device name (a
     description's facts name its table row); None for a CPU calibration or a device the table
     does not know."""
-    name = str(profile.facts.gpu_name or "")
+    return gpu_of_facts(profile.facts)
+
+
+def gpu_of_facts(facts) -> Optional[gpus.GPU]:
+    """gpu_of for a profile's facts alone (the trainers clean samples before a profile exists)."""
+    name = str(facts.gpu_name or "")
     if not name or name.endswith("(CPU)"):
         return None
     return gpus.find_gpu(name)

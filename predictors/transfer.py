@@ -47,7 +47,7 @@ from neox_perf.profile.facts import ClusterFacts, Link
 from neox_perf.profile.models import ModelEntry
 from neox_perf.profile.values import Prediction, ProfileInfo
 
-from . import baseline, gpus
+from . import achievable, baseline, gpus
 from .cluster_file import ClusterDescription
 from .errors import ProfileError
 from .sampled import collective_args
@@ -177,12 +177,6 @@ def operator_ratio(method: str, flops, nbytes, base_gpu: gpus.GPU, target: gpus.
     return (f / pt + b / wt) / (f / pb + b / wb)
 
 
-def _fixed_cost(base, op: str, phase: str) -> float:
-    entry = base.manifest.model(op, phase)
-    coef = entry.baseline.coef if entry is not None and entry.baseline is not None else None
-    return float(coef[0]) if coef else 0.0
-
-
 class TransferredProfile:
     """A cluster description's profile (neox_perf/profile/protocol.Profile, as ClusterProfile).
     Build with predictors/profile.load_profile()."""
@@ -273,7 +267,7 @@ class TransferredProfile:
         ratio = operator_ratio(self.method, f, b, self.base_gpu, self.gpu)
         if self.method != "fixed_additive":
             return seconds * ratio
-        t0 = np.minimum(_fixed_cost(self.base, op, phase), seconds)
+        t0 = np.minimum(achievable.fixed_cost(self.base, op, phase), seconds)
         return t0 + (seconds - t0) * ratio
 
     def predict(self, op: str, phase: str, features: Mapping[str, float]):

@@ -45,7 +45,7 @@ import numpy as np
 from neox_perf import opspec
 from neox_perf.profile.facts import ClusterFacts
 
-from .. import baseline, gpus
+from .. import achievable, baseline, gpus
 from .samples import COLLECTIVE_PHASE, FileRecord, TrainingSet
 
 # FLOP counts of matmuls are exact and tensor-core peak is not exceeded in practice.
@@ -142,9 +142,7 @@ def beyond_nominal(ts: TrainingSet, facts: ClusterFacts) -> np.ndarray:
 def achievable_tflops(facts: ClusterFacts, precision: Optional[str] = "fp16") -> Optional[gpus.Rate]:
     """The achievable dense rate of the facts' GPU for the samples' precision, or None (a CPU
     calibration, a device the GPU table does not know, no figure for it, or precision None)."""
-    if precision is None or not facts.gpu_name or facts.gpu_name.endswith("(CPU)"):
-        return None
-    gpu = gpus.find_gpu(facts.gpu_name)
+    gpu = achievable.gpu_of_facts(facts) if precision is not None else None
     return gpu.achievable(precision) if gpu is not None else None
 
 
