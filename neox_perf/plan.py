@@ -39,7 +39,7 @@ LAYOUT_CODES = {"heads_divisible_by_mp", "kv_heads_divisible_by_mp", "zero_with_
 # Order in which a "no layout" line names the constraints (the order they are applied in).
 REASON_ORDER = ("heads_divisible_by_mp", "kv_heads_divisible_by_mp", "mlp_divisible_by_mp",
                 "stage_without_layers", "partition", "zero_with_model_parallel", "moe_zero",
-                "bf16_zero0_pipeline", "config", "out_of_memory")
+                "config", "out_of_memory")
 
 
 @dataclass(frozen=True)
@@ -450,10 +450,6 @@ class Planner:
         if errors:
             return _Rejection(errors[0].code if errors[0].code in REASON_ORDER else "config",
                               errors[0].message)
-        t, p = cfg.training, cfg.parallel
-        if (t.precision == "bfloat16" and t.zero_stage == 0 and p.pipe_parallel_size >= 1
-                and self.options.grad_accum_dtype in ("fp32", "float32")):
-            return _Rejection("bf16_zero0_pipeline")
         return None
 
     def memory(self, derived) -> Optional[_Rejection]:
@@ -854,8 +850,6 @@ REASONS = {
     "partition": ("DeepSpeed cannot partition the layers",),
     "zero_with_model_parallel": ("ZeRO 2/3 with pipeline or model parallelism",),
     "moe_zero": ("MoE with ZeRO 2/3",),
-    "bf16_zero0_pipeline": ("bf16 + ZeRO 0 + pipeline with fp32 gradient accumulation "
-                            "(DeepSpeed raises)",),
     "config": ("NeoX refuses the config",),
     "out_of_memory": ("does not fit GPU memory within the headroom",),
 }
