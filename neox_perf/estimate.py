@@ -142,9 +142,9 @@ class _Cache:
             have = self.flags.get(what)
             if have is None:
                 self.capped_only.add(what)
-            elif why not in have:
-                why = f"{have}; {why}"
-            self.flags[what] = why
+                self.flags[what] = why
+            elif why not in have:  # a reason already given stays, beside the others
+                self.flags[what] = f"{have}; {why}"
         return seconds
 
     def key(self, call) -> tuple:

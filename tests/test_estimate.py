@@ -231,3 +231,20 @@ def test_a_stage_time_below_zero_is_one_line_naming_the_profile(write_yaml):
     line = err.value.line()
     assert "\n" not in line and line.startswith("roofline: ") and "stage 0" in line
     assert "send_activation" in line and "fix: " in line
+
+
+def test_a_flags_reasons_stay_when_another_shape_of_the_call_is_capped_again():
+    """Two shapes of one op/phase capped for the same reason, an extrapolation between them:
+    the flag keeps both reasons (the second cap used to replace the text with its own)."""
+    import types
+    from neox_perf.estimate import _Cache
+    from neox_perf.operators import OpCall
+    terms = types.SimpleNamespace(operator=lambda op, s: s)
+    limits = types.SimpleNamespace(rescaled=lambda call, s: s, capped=lambda call, s: (s, "capped at 271 TFLOP/s"))
+    cache = _Cache(profile=None, terms=terms, limits=limits)
+    call = OpCall("linear1", "fwd", (("k", 8), ("m", 8), ("n", 8)), 1.0, "layer", 1e9, 1e6)
+    cache._operator_seconds(call, 1.0)
+    cache._note("linear1 fwd", types.SimpleNamespace(extrapolated=True, reason="past the largest sample"))
+    cache._operator_seconds(call, 1.0)
+    assert cache.flags["linear1 fwd"] == "past the largest sample; capped at 271 TFLOP/s"
+    assert "linear1 fwd" not in cache.capped_only  # extrapolated too
