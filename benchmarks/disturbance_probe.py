@@ -29,7 +29,7 @@ def _phase(probe, base, clock, n: int, label: str) -> dict:
     start = clock.mark()
     readings = [probe.read(f"{label} {i}") for i in range(n)]
     others = clock.others_cores(start, clock.mark())
-    drift = [r.work / base.work - 1.0 for r in readings]
+    drift = [base.baseline.drift(r) for r in readings]
     waited = [r.waited or 0.0 for r in readings]
     return {"readings": n, "others_cores": others,
             "drift": {"median": statistics.median(drift), "max": max(drift)},

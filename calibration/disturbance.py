@@ -112,6 +112,10 @@ class Baseline:
     threshold: float  # RANGE_FACTOR x noise: how far a reading may stray before it counts
     wait_noise: float = 0.0  # the start readings' median share of time waited (blips at rest)
 
+    def drift(self, reading: "Reading") -> float:
+        """The reading's work beyond the work at rest (0 without a baseline's work)."""
+        return reading.work / self.work - 1.0 if self.work > 0 else 0.0
+
     @classmethod
     def of(cls, start: Sequence[Reading]) -> "Baseline":
         # The slowest start reading is left out of the range: noise from outside is one-sided
@@ -147,7 +151,7 @@ class Baseline:
         would cure, and is recorded, not flagged. "gpu_neighbours": other processes on the
         GPU."""
         found: Dict[str, Any] = {}
-        drift = reading.work / self.work - 1.0 if self.work > 0 else 0.0
+        drift = self.drift(reading)
         if drift > self.threshold and others is not None and others > self.threshold:
             found.update(drift=drift, others_cores=others)
         if wait_slowdown(reading.waited) > self.threshold:
@@ -250,7 +254,6 @@ class Window:
     delay: Optional[float]  # machine.run_delay() when it opened
     cpu_mark: Any
     points: List[Any] = field(default_factory=list)
-    closed_by: Optional[Reading] = None
     waited: Optional[float] = None
     others_cores: Optional[float] = None
     closing: Dict[str, Any] = field(default_factory=dict)  # what the closing reading found
@@ -331,7 +334,6 @@ class Watch:
         if w.others_cores is not None:
             self.others_max = max(self.others_max or 0.0, w.others_cores)
         reading = self._read(label)
-        w.closed_by = reading
         self.readings.append(reading)
         w.closing = self.base.findings(reading, w.others_cores)
         if w.closing:
@@ -363,7 +365,7 @@ class Watch:
         kept = {id(r) for r in self.readings[-KEPT_READINGS:]}
         kept |= {id(r) for r, _ in self.flagged_readings}
         every = self.start + self.readings
-        drifts = [r.work / base.work - 1.0 for r in every] if base and base.work > 0 else []
+        drifts = [base.drift(r) for r in every] if base and base.work > 0 else []
         slowdowns = [max(d, wait_slowdown(r.waited)) for d, r in zip(drifts, every)]
         return {
             "reference": self.probe.describe(), "loops": self.probe.loops,

@@ -275,8 +275,7 @@ class _Sweep:
                                        for p in window.points], flag,
                                       device=self.summary.device_id, dtype=self.summary.dtype)
             self.suspects += [p.point for p in window.points]
-            self.watch.points["flagged"] += len(window.points)
-            self.watch.points["still_flagged"] += len(window.points)
+            self.watch.points["flagged"] += len(window.points)  # still_flagged: retime says
         return window
 
     def retime(self, started: float) -> None:
@@ -285,7 +284,6 @@ class _Sweep:
         replaces the flagged one when its own window closes quiet too."""
         from .disturbance import RETIME_SHARE
         watch, todo = self.watch, list(dict.fromkeys(self.suspects))
-        watch.points["still_flagged"] = len(todo)
         budget = RETIME_SHARE * (time.monotonic() - started)
         deadline = time.monotonic() + budget
         tries = done = lost = 0
@@ -337,7 +335,7 @@ def recheck(store_path, run_id: int, device: str, label: str, since=None) -> Opt
     why = describe(found)
     rec["after"] = {"what": label, "reading": reading.to_dict(), "others_cores": others, "why": why,
                     "found": found}
-    drift = reading.work / baseline.work - 1.0 if baseline.work > 0 else 0.0
+    drift = baseline.drift(reading)
     rec["max_drift"] = max(float(rec.get("max_drift") or 0.0), drift)
     if reading.waited is not None:
         rec["max_waited"] = max(float(rec.get("max_waited") or 0.0), reading.waited)
