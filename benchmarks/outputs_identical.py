@@ -52,6 +52,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from neox_perf.calibration.launch import free_port  # this driver's own launches
+
 REPO = Path(__file__).resolve().parents[1]
 MAPPED = ("hooks", "predictors", "calibration")  # setup.cfg's package_dir: inside neox_perf
 EXAMPLES = ("gpt-20b.yml", "llama-13b.yml", "llemma-7b.yml")
@@ -194,7 +196,7 @@ def _make_inputs(base: Revision, work: Path) -> None:
         return
     print("inputs: a hooked 2-stage run of the reference workload", flush=True)
     launch = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_nodes", "1", "--num_gpus", "2",
-              "--master_port", str(_free_port()), "--module", "neox_perf.calibration.workload.train",
+              "--master_port", str(free_port()), "--module", "neox_perf.calibration.workload.train",
               "--config", str(home / "workload.yml"), "--iters", "12", "--vocab-size", str(VOCAB),
               "--out", str(home / "workload-out.json")]
     proc = base.run(["run", "--run-dir", str(home / "run"), "--windows", WINDOWS, "--cluster",
@@ -202,13 +204,6 @@ def _make_inputs(base: Revision, work: Path) -> None:
     if proc.returncode != 0:
         raise SystemExit(f"run failed: {proc.stdout[-2000:]} {proc.stderr[-3000:]}")
     shutil.copytree(home, inputs, symlinks=True)
-
-
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _cases(quick: bool, src: Path):
@@ -245,10 +240,10 @@ def _cases(quick: bool, src: Path):
 
 
 def _neox_configs():
-    """GPT-NeoX's own configs from the project's shared data (tests/conftest.py's lookup), each
-    file one config; none when ../shared is absent."""
-    shared = next((p.parent / "shared" for p in [REPO, *REPO.parents]
-                   if p.name and (p.parent / "shared" / "data").is_dir()), None)
+    """GPT-NeoX's own configs from the project's shared data, each file one config; none when
+    ../shared is absent."""
+    from neox_perf.predictors.fitting.devset import find_shared
+    shared = find_shared(REPO)
     root = shared / "data" / "gpt-neox-configs" if shared else None
     if root is None or not root.is_dir():
         return []

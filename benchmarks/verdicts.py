@@ -29,12 +29,10 @@ BATCH = "train_micro_batch_size_per_gpu: 1\ngradient_accumulation_steps: 8\n"
 
 
 def default_configs() -> Optional[Path]:
-    here = REPO
-    for parent in [here, *here.parents]:
-        candidate = parent.parent / "shared" / "data" / "gpt-neox-configs"
-        if parent.name and candidate.is_dir():
-            return candidate
-    return None
+    from neox_perf.predictors.fitting.devset import find_shared
+    shared = find_shared(REPO)
+    root = shared / "data" / "gpt-neox-configs" if shared else None
+    return root if root is not None and root.is_dir() else None
 
 
 def _yaml(path: Path) -> dict:

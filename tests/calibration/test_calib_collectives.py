@@ -1,6 +1,5 @@
 import os
 import shutil
-import socket
 import subprocess
 import sys
 
@@ -8,6 +7,7 @@ import pytest
 
 from neox_perf.calibration.collectives import (LaunchError, group_ranks, group_shapes,
                                                launch_layout, plan_jobs, torchrun_command)
+from neox_perf.calibration.launch import free_port
 from neox_perf.calibration.store import SampleStore
 
 
@@ -51,19 +51,13 @@ def test_without_a_launcher_it_says_how_to_launch(tmp_path):
     assert len(lines) == 1 and "torchrun" in lines[0] and "Traceback" not in out.stderr
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_torchrun_two_processes_on_gloo(tmp_path):
     torch = pytest.importorskip("torch")
     import torch.distributed as dist
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
     store = tmp_path / "coll.sqlite"
-    cmd = torchrun_command(2, store, sizes=(16, 1024), master_port=_free_port())
+    cmd = torchrun_command(2, store, sizes=(16, 1024), master_port=free_port())
     cmd += ["--warmup", "1", "--repeats", "3"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"}
     run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
@@ -77,7 +71,7 @@ def test_torchrun_two_processes_on_gloo(tmp_path):
         assert all(r.info["backend"] == "gloo" for r in rows)
         assert s.integrity_check() == "ok"
     # a second launch finds everything stored and measures nothing
-    cmd[cmd.index("--master_port") + 1] = str(_free_port())
+    cmd[cmd.index("--master_port") + 1] = str(free_port())
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stderr[-2000:]
     with SampleStore(store) as s:
