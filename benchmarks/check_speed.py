@@ -19,7 +19,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -52,12 +51,9 @@ def sweep(runs: int, slowest: int) -> int:
     if root is None:
         print("no GPT-NeoX configs (../shared/data/gpt-neox-configs)", file=sys.stderr)
         return 1
-    with tempfile.TemporaryDirectory() as tmp:
-        batch = os.path.join(tmp, "batch.yml")
-        Path(batch).write_text(verdicts.BATCH)
+    with verdicts.configs_as_run(root) as (_, configs):
         cases = []
-        for path in sorted(root.rglob("*.yml")):
-            files = verdicts.files_for(path, root, batch)
+        for path, files in configs:
             for gpus in SWEEP_GPUS:
                 for cluster in SWEEP_CLUSTERS:
                     cmd = _command(files, gpus, cluster)

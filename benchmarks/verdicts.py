@@ -22,7 +22,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import List, Optional
+from typing import Iterator, List, Optional, Tuple
 
 REPO = Path(__file__).resolve().parents[1]
 BATCH = "train_micro_batch_size_per_gpu: 1\ngradient_accumulation_steps: 8\n"
@@ -87,13 +87,20 @@ def check_one(files: List[str], gpus: int, cluster: Optional[str]) -> dict:
             "findings": findings, "iteration_seconds": pred.get("iteration_seconds")}
 
 
-def table(configs: Path, cluster: Optional[str], dp: int, gpus: Optional[int] = None) -> List[dict]:
-    rows = []
+@contextlib.contextmanager
+def configs_as_run(configs: Path) -> Iterator[Tuple[str, List[Tuple[Path, List[str]]]]]:
+    """(the batch file, [(config, the files deepy.py would be given)]) for every YAML under
+    ``configs``; the batch file lives as long as the block."""
     with tempfile.TemporaryDirectory() as tmp:
         batch = os.path.join(tmp, "batch.yml")
         Path(batch).write_text(BATCH)
-        for path in sorted(configs.rglob("*.yml")):
-            files = files_for(path, configs, batch)
+        yield batch, [(path, files_for(path, configs, batch)) for path in sorted(configs.rglob("*.yml"))]
+
+
+def table(configs: Path, cluster: Optional[str], dp: int, gpus: Optional[int] = None) -> List[dict]:
+    rows = []
+    with configs_as_run(configs) as (batch, runs):
+        for path, files in runs:
             row = check_one(files, gpus or gpus_for(files, dp), cluster)
             row["config"] = str(path.relative_to(configs))
             row["files"] = [("<batch>" if f == batch else os.path.relpath(f, configs)) for f in files]
