@@ -84,6 +84,10 @@ class CheckResult:
             text = "; ".join(parts)
         return {"level": worst, "text": text, "exit_code": self.exit_code}
 
+    def prediction_dict(self) -> Optional[dict]:
+        """--json's `prediction` (None without an estimate), for renderers that read only it."""
+        return _prediction(self)
+
     def to_dict(self) -> dict:
         cfg, d = self.config, self.derived
         out = {
@@ -112,7 +116,7 @@ class CheckResult:
             "verdicts": [dataclasses.asdict(v) for v in self.verdicts],
             "warnings": list(self.warnings),
             "profile_warnings": self.profile_warnings,
-            "prediction": _prediction(self),
+            "prediction": self.prediction_dict(),
         }
         return out
 

@@ -21,7 +21,7 @@ def line(result) -> str:
     nodes = -(-p.world_size // p.gpus_per_node) if p.gpus_per_node else None
     where = f"{p.world_size} GPUs" + (f" ({nodes} nodes x {p.gpus_per_node})" if result.facts else "")
     fields = [f"{where} pp{p.pipe_parallel_size} mp{p.model_parallel_size} dp{p.data_parallel_size}"]
-    pred = result.to_dict()["prediction"] if est is not None else None
+    pred = result.prediction_dict() if est is not None else None
     if pred is not None:
         iv = pred.get("interval_seconds")
         fields.append(f"{_s(est.iteration_seconds)} s/it" + (f" (80%: {_s(iv[0])}-{_s(iv[1])})" if iv else ""))

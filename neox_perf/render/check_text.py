@@ -153,7 +153,7 @@ def _gib(n: float) -> str:
 
 def _render_prediction(result, console) -> None:
     est = result.estimate
-    pred = result.to_dict()["prediction"]
+    pred = result.prediction_dict()
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
