@@ -221,15 +221,15 @@ def _yaml(value) -> str:
     return str(value)
 
 
-def search(raw, cfg: NeoxConfig, profile, raw_vocab: int, *, gpus: Optional[int] = None,
-           gpus_per_node: Optional[int] = None, keep: int = 2, spare: bool = False):
-    """The planner's quick search around cfg's layout on `gpus` (default cfg's) GPUs, keeping
-    cfg's global batch (spare: also micro-batch 1 and ZeRO 1, to fit): (plan, planner)."""
+def _quick_planner(raw, cfg: NeoxConfig, profile, raw_vocab: int, gpus_per_node: Optional[int],
+                   spare: bool = False):
+    """The planner's quick search around cfg's layout, keeping cfg's global batch (spare: also
+    micro-batch 1 and ZeRO 1, to fit); one planner's derivations and operator times carry
+    over from one GPU count to the next."""
     from .plan import Planner, layout_of
-    planner = Planner(raw, profile, raw_vocab, gpus_per_node=gpus_per_node,
-                      global_batch=cfg.training.train_batch_size, keep=keep, near=layout_of(cfg),
-                      spare=spare)
-    return planner.run([gpus or cfg.parallel.world_size]), planner
+    return Planner(raw, profile, raw_vocab, gpus_per_node=gpus_per_node,
+                   global_batch=cfg.training.train_batch_size, keep=2, near=layout_of(cfg),
+                   spare=spare)
 
 
 def _suggestion(reason, plan, planner, started, user_gpus, user=None) -> Optional[Suggestion]:
@@ -267,13 +267,9 @@ def fitting_layout(raw, cfg: NeoxConfig, profile, raw_vocab: int, gpus_per_node=
         least = fewest_gpus(params, profile.facts.gpu_memory_bytes)
         while gpus < least:
             gpus *= 2
-    planner = None
+    planner = _quick_planner(raw, cfg, profile, raw_vocab, gpus_per_node, spare=True)
     for _ in range(tries):
-        if planner is None:
-            plan, planner = search(raw, cfg, profile, raw_vocab, gpus=gpus,
-                                   gpus_per_node=gpus_per_node, spare=True)
-        else:  # one planner: its derivations and operator times carry over
-            plan = planner.run([gpus])
+        plan = planner.run([gpus])
         found = _suggestion("fits", plan, planner, started, cfg.parallel.world_size)
         if found is not None:
             return found, lines
@@ -286,16 +282,13 @@ def faster_layout(raw, cfg: NeoxConfig, profile, raw_vocab: int, user_seconds: f
                   gpus_per_node=None) -> Optional[Suggestion]:
     """A layout of the same GPUs the quick search predicts faster than the user's, or None."""
     started = time.perf_counter()
-    plan, planner = search(raw, cfg, profile, raw_vocab, gpus_per_node=gpus_per_node)
+    from .plan import layout_of
+    planner = _quick_planner(raw, cfg, profile, raw_vocab, gpus_per_node)
+    plan = planner.run([cfg.parallel.world_size])
     found = _suggestion("faster", plan, planner, started, cfg.parallel.world_size, user=user_seconds)
-    if found is None or found.layout == _user_layout(cfg):
+    if found is None or found.layout == layout_of(cfg):
         return None
     return found
-
-
-def _user_layout(cfg):
-    from .plan import layout_of
-    return layout_of(cfg)
 
 
 def faster_verdicts(suggestion: Optional[Suggestion], files: Sequence[str], cluster: str) -> List[Verdict]:
