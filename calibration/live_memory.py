@@ -394,7 +394,8 @@ class LiveMemory:
                     tr.mark(t, component)
         opt = base_optimizer(engine)
         module = module_of(engine)
-        module_params = list(module.parameters())
+        named = list(module.named_parameters())  # parameters() is its values, in its order
+        module_params = [p for _, p in named]
         own = {id(p) for p in module_params}
         if opt is not None:
             for group in getattr(opt, "param_groups", []):
@@ -410,7 +411,6 @@ class LiveMemory:
             tr.mark(p, Component.WEIGHTS)
             if p.grad is not None:
                 tr.mark(p.grad, Component.GRADIENTS)
-        named = list(module.named_parameters())
         if not self.vocab_local:  # no config: the word embedding's rows are V/tp
             self.vocab_local = next((int(p.shape[0]) for n, p in named
                                      if n.endswith("word_embeddings.weight") and p.dim() == 2), None)
