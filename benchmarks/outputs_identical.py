@@ -108,7 +108,9 @@ TEXT_TIMING = re.compile(r"\bin \d+(\.\d+)? s\b")  # e.g. plan's "searched 2,082
 # A100 nodes, 1-GPU GH200 nodes: out of memory, the fitting-layout and faster-layout searches)
 CHECK_GPUS = ("8", "16", "128")
 CHECK_CLUSTERS = ("perlmutter-a100", "vista-gh200")
-MEASURED = re.compile(r"measured|error|^iterations$|^notes$|mean_absolute|max_absolute|mean_signed")
+# validate's measured parts; `tracker`: the live-bytes window's own clock readings (its iteration
+# and set-up seconds, and their ratio to the median iteration)
+MEASURED = re.compile(r"measured|error|^iterations$|^notes$|^tracker$|mean_absolute|max_absolute|mean_signed")
 
 
 def _source(rev: str, work: Path, label: str) -> Path:
