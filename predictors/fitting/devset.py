@@ -183,3 +183,118 @@ def build_config(run: Run, gpus_per_node: int):
 
 def layouts(runs: Sequence[Run]) -> List[Tuple[int, int, int]]:
     return sorted({r.layout for r in runs})
+
+
+# --- BigScience's BLOOM layout search on Jean Zay (../shared/data/bloom-jean-zay/) -------------
+# 106 layouts of 176-206B candidate models timed (and 60 nvidia-smi peaks read) on IDRIS Jean
+# Zay's A100-SXM4-80GB partition before BLOOM was trained, with Megatron-DeepSpeed (DeepSpeed's
+# pipeline engine and ZeRO-1). A second cluster beside vTrain's, so that every fitted term can be
+# judged on a cluster it was not fitted on (benchmarks/endtoend.py).
+BLOOM_CSV = Path("data") / "bloom-jean-zay" / "layout_search_runs.csv"
+BLOOM_VOCAB = 250680  # BLOOM's tokenizer; padded by Megatron's rule to the file's 250880
+BLOOM_ASSUMPTIONS = ("BLOOM architecture in NeoX terms: ALiBi positions, LayerNorm, GeLU, tied "
+                     "embeddings, fused softmax (the embedding LayerNorm, one norm per step, is "
+                     "left out); fp16 unless the row says bf16; bf16 rows run DeepSpeed's "
+                     "BF16_Optimizer, priced as ZeRO-1; activation checkpointing; dropout at "
+                     "Megatron's default; stages split the transformer layers evenly "
+                     "(GPTModelPipe's partition); the stage hidden states alone cross a stage "
+                     "boundary (no mask)")
+
+
+@dataclass(frozen=True)
+class BloomRun(Run):
+    """One row of the BLOOM layout search: a measured iteration (seconds 0 where the layout ran
+    out of memory) and, where nvidia-smi was read, the first node's peak."""
+
+    ffn: int = 0
+    vocab: int = BLOOM_VOCAB
+    precision: str = "fp16"
+    zero_stage: int = 1
+    peak_mem_gb: Optional[float] = None  # nvidia-smi used memory, GB as printed (1e9? see README)
+    oom: bool = False
+    row_id: str = ""
+    date: str = ""  # the day the row was timed: Jean Zay's speed varied from day to day
+    section: str = ""  # the chronicle's section (one table compared under one condition)
+
+    def __str__(self) -> str:
+        return (f"{self.model}B h{self.hidden} L{self.layers} a{self.heads} tp{self.tp} dp{self.dp} "
+                f"pp{self.pp} mb{self.micro_batch} gb{self.global_batch} {self.precision} "
+                f"({self.row_id}): {self.seconds:.1f} s")
+
+    def neox_values(self) -> dict:
+        values = super().neox_values()
+        bf16 = self.precision == "bf16"
+        values.update({
+            "pos_emb": "alibi", "intermediate_size": self.ffn,
+            "fp16": {"enabled": not bf16}, "bf16": {"enabled": bf16},
+            "precision": "bfloat16" if bf16 else "fp16",
+            "zero_optimization": {"stage": self.zero_stage},
+            "apply_query_key_layer_scaling": False,
+            "tokenizer_type": "HFTokenizer",
+        })
+        return values
+
+
+def load_bloom(path: Optional[Path] = None, *, timed_only: bool = False) -> List[BloomRun]:
+    """Every row of the BLOOM layout search (timed_only: those with a measured iteration);
+    FileNotFoundError when the file is absent."""
+    if path is None:
+        shared = find_shared()
+        if shared is None:
+            raise FileNotFoundError(f"../shared/{BLOOM_CSV.as_posix()} not found")
+        path = shared / BLOOM_CSV
+    runs = []
+    with open(path, newline="", encoding="utf-8") as fh:
+        for row in csv.DictReader(fh):
+            ints = {k: int(row[k]) for k in ("gpus", "layers", "hidden", "heads", "ffn", "seq",
+                                             "tp", "pp", "dp", "mbs", "gbs")}
+            oom = row["oom"].strip() == "True"
+            seconds = float(row["iter_s"]) if row["iter_s"].strip() else 0.0
+            notes = row.get("notes", "")
+            run = BloomRun(
+                gpus=ints["gpus"], global_batch=ints["gbs"], micro_batch=ints["mbs"],
+                hidden=ints["hidden"], heads=ints["heads"], layers=ints["layers"],
+                seq_len=ints["seq"], tp=ints["tp"], dp=ints["dp"], pp=ints["pp"], seconds=seconds,
+                model=f"{float(row['params_b']):.0f}", ffn=ints["ffn"],
+                vocab=int(row["vocab"]),
+                precision="bf16" if row["precision"].strip().startswith("bf16") else "fp16",
+                zero_stage=1 if row["zero_stage"].strip() != "0" else 0,
+                peak_mem_gb=float(row["peak_mem_gb"]) if row["peak_mem_gb"].strip() else None,
+                oom=oom, row_id=row["id"], date=_field(notes, "date "),
+                section=_section(notes))
+            if run.tp * run.dp * run.pp != run.gpus or run.global_batch % (run.dp * run.micro_batch):
+                raise ValueError(f"{path}: inconsistent row {row['id']}")
+            if timed_only and (oom or seconds <= 0):
+                continue
+            runs.append(run)
+    return runs
+
+
+def _field(notes: str, prefix: str) -> str:
+    for part in notes.replace(";", ",").split(","):
+        part = part.strip()
+        if part.startswith(prefix):
+            return part[len(prefix):].strip()
+    return ""
+
+
+def _section(notes: str) -> str:
+    start = notes.find("section '")
+    if start < 0:
+        return ""
+    end = notes.find("'", start + 9)
+    return notes[start + 9:end] if end > 0 else ""
+
+
+def build_bloom_config(run: BloomRun, gpus_per_node: int):
+    """(NeoxConfig, DerivedModel) of a BLOOM row, through the same path as a user's YAML."""
+    from neox_perf.config import WorldRequest, build
+    from neox_perf.config.loader import RawConfig
+    from neox_perf.derive import derive
+    values = run.neox_values()
+    raw = RawConfig(values=values, sources={k: "<bloom row>" for k in values}, files=["<bloom row>"])
+    cfg, verdicts, _ = build(raw, WorldRequest(gpus=run.gpus, gpus_per_node=gpus_per_node))
+    errors = [v for v in verdicts if v.level == "error"]
+    if errors:
+        raise ValueError(f"bloom row {run.row_id}: {errors[0].message}")
+    return cfg, derive(cfg, run.vocab)
