@@ -19,6 +19,7 @@ from .engine_terms import EngineTerms
 from .errors import ProfileError
 from .operators import CommCall, Decomposition, OpCall, StageWork
 from .profile.protocol import Profile
+from .profile.values import LINK_MODEL
 from .step_terms import DATA_PARALLEL, FABRIC_NODES_FITTED, INSIDE_NODE, StepTerms, of_profile, regime_of
 from .timeline import StageCost, StageCostError, Timeline, simulate_1f1b
 
@@ -75,7 +76,13 @@ class IterationEstimate:
     # iteration the critical stage spends in collectives that cross nodes
     regime: str = INSIDE_NODE
     inter_node_share: float = 0.0
+    # per collective purpose (dp_allreduce, mp_allreduce, pp_p2p, ...): where its prices came
+    # from -- sampled on this cluster, a description's link model, or the engine's own run
+    collective_sources: Dict[str, str] = field(default_factory=dict)
 
+
+# a collective the engine terms price from the calibration's own engine runs
+ENGINE_MEASURED = "engine runs"
 
 _RANK = {"sampled": 0, "in range": 1, "interpolated": 1, "extrapolated": 2}
 
@@ -96,6 +103,8 @@ class _Cache:
         self.capped_only: set = set()  # flags whose call was capped, not extrapolated
         self.extrapolated: set = set()  # memo keys whose prediction left the sampled range
         self.coverage: Dict[str, Any] = {}  # "op phase" -> its least-covered shape
+        # per collective purpose, where its prices came from (profile.values.COLLECTIVE_SOURCES)
+        self.sources: Dict[str, set] = {}
 
     def time(self, call) -> float:
         key = self.key(call)
@@ -112,6 +121,7 @@ class _Cache:
             measured = (self.engine.tp_allreduce(call) if call.purpose == "mp_allreduce"
                         else self.engine.dp_collective(call))
             if measured is not None:
+                self.sources.setdefault(call.purpose, set()).add(ENGINE_MEASURED)
                 return measured
         if key not in self.memo:
             pred = self.profile.predict_collective(call.kind, call.elements, call.nodes,
@@ -119,13 +129,17 @@ class _Cache:
             self._note(f"{call.kind} {call.nodes}x{call.gpus_per_node}", pred)
             if pred.extrapolated:
                 self.extrapolated.add(key)
+            source = getattr(pred, "source", "") or ""
             self.memo[key] = self.terms.collective(call.purpose, call.nodes * call.gpus_per_node,
-                                                   float(pred.seconds), call.nodes)
+                                                   float(pred.seconds), call.nodes, source)
+            if source:
+                self.sources.setdefault(call.purpose, set()).add(source)
             if (call.purpose in DATA_PARALLEL and call.nodes > FABRIC_NODES_FITTED
-                    and self.terms.dp_fabric_per_doubling > 0):
+                    and self.terms.dp_fabric_per_doubling > 0 and source == LINK_MODEL):
                 what = f"{call.purpose} {call.nodes}x{call.gpus_per_node}"
                 self.flags.setdefault(what, f"the data-parallel fabric term was fitted on groups of up to "
-                                            f"{FABRIC_NODES_FITTED} nodes; this group spans {call.nodes}")
+                                            f"{FABRIC_NODES_FITTED} nodes; this group spans {call.nodes} "
+                                            f"(priced at {FABRIC_NODES_FITTED}, the interval widens)")
                 self.extrapolated.add(key)
         return self.memo[key]
 
@@ -381,4 +395,5 @@ def estimate(decomp: Decomposition, profile: Profile, terms: Optional[StepTerms]
         if interval and seconds > 0 else None,
         extrapolated_share=extrapolated / seconds if seconds > 0 else 0.0,
         coverage=dict(sorted(cache.coverage.items())),
-        regime=regime, inter_node_share=inter_share)
+        regime=regime, inter_node_share=inter_share,
+        collective_sources={k: " + ".join(sorted(v)) for k, v in sorted(cache.sources.items())})

@@ -183,6 +183,9 @@ def _prediction(result: CheckResult) -> Optional[dict]:
         "iteration_seconds": est.iteration_seconds,
         "eq7_seconds": est.eq7_seconds,
         "breakdown": dict(est.breakdown),
+        # per breakdown collective: sampled on this cluster, a description's link model, or
+        # measured in the engine's calibration runs (estimate.IterationEstimate)
+        "collective_sources": dict(est.collective_sources),
         "tokens_per_second": tokens / est.iteration_seconds,
         "stages": [_plain(s) for s in est.stages],
         "operators": dict(sorted(est.operators.items(), key=lambda kv: -kv[1])),

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from .errors import ProfileError, reading, text
+from .profile.values import LINK_MODEL
 
 # Operators whose time is set by arithmetic throughput; the rest are memory-bound.
 COMPUTE_BOUND = frozenset({"linear1", "linear2", "linear3", "linear4", "linear_final", "qk", "av",
@@ -31,6 +32,13 @@ DATA_PARALLEL = frozenset({"dp_allreduce", "dp_allgather"})
 # the most nodes a data-parallel group of the multi-node development set spans (vTrain's 3.6B
 # model at dp 64 and its 175B model at tp 8, dp 8): past it dp_fabric_per_doubling extrapolates
 FABRIC_NODES_FITTED = 8
+
+
+def fabric_nodes(nodes: int) -> int:
+    """The node count dp_fabric_per_doubling is priced at: the group's own, up to the widest
+    the term was fitted on -- a log that kept growing past it ranked 16-32-node data-parallel
+    groups (among the fastest layouts measured at 256-512 GPUs) slow."""
+    return max(1, min(int(nodes), FABRIC_NODES_FITTED))
 
 
 @dataclass(frozen=True)
@@ -101,13 +109,23 @@ class StepTerms:
     def per_micro_batch(self, pipeline_engine: bool) -> float:
         return self.micro_batch_s + (self.pipeline_micro_batch_s if pipeline_engine else 0.0)
 
-    def collective(self, purpose: str, ranks: int, seconds: float, nodes: int = 1) -> float:
+    def collective(self, purpose: str, ranks: int, seconds: float, nodes: int = 1,
+                   source: str = LINK_MODEL) -> float:
         """In-situ seconds of a collective of `ranks` ranks over `nodes` nodes that the samples
-        (or the link model) time at `seconds` in isolation."""
+        (or the link model) time at `seconds` in isolation. `source`: where that time comes from
+        (neox_perf.profile.values.COLLECTIVE_SOURCES).
+
+        dp_fabric_per_doubling is what a link model at a reference efficiency lacks against a
+        real fabric under a whole job's load (fitted where the development sets' collectives are
+        link-model prices): a collective sampled on the cluster's own fabric already shows that
+        loss, and is left as measured. Past the widest group it was fitted on it stops growing
+        (fabric_nodes); there the interval widens instead (estimate flags it extrapolated)."""
         if seconds <= 0:
             return seconds
         if purpose in DATA_PARALLEL and nodes > 1:
-            return seconds * (1.0 + self.dp_fabric_per_doubling * math.log2(nodes))
+            if source != LINK_MODEL:
+                return seconds
+            return seconds * (1.0 + self.dp_fabric_per_doubling * math.log2(fabric_nodes(nodes)))
         if purpose == "mp_allreduce":
             return seconds + self.tp_sync_s * math.log2(max(ranks, 2))
         if purpose == "pp_p2p":

@@ -21,7 +21,7 @@ from neox_perf import opspec
 from neox_perf.profile.facts import ClusterFacts
 from neox_perf.profile.manifest import Manifest
 from neox_perf.profile.sections import Provenance
-from neox_perf.profile.values import BatchPrediction, Coverage, Prediction, ProfileInfo
+from neox_perf.profile.values import SAMPLED, BatchPrediction, Coverage, Prediction, ProfileInfo
 
 from . import baseline, extrapolate
 from .artifacts import Arrays, Model
@@ -214,7 +214,8 @@ class ClusterProfile:
         if not sampled:
             listed = ", ".join(f"{a}x{b}" for a, b in sorted(model.topologies))
             out = Prediction(seconds, True, f"{kind}: topology {nodes} nodes x {gpus_per_node} GPUs/node "
-                                            f"never sampled (sampled: {listed}); alpha-beta baseline only")
+                                            f"never sampled (sampled: {listed}); alpha-beta baseline only",
+                             SAMPLED)
         else:
             hi = model.topologies[topo][1]
             reason = ""
@@ -223,7 +224,7 @@ class ClusterProfile:
                 reason = (f"{kind}: elements={elements:g} {side} {lo if elements < lo else hi:g} "
                           f"for {nodes} nodes x {gpus_per_node} GPUs/node"
                           + ("; NCCL latency model below it" if elements < lo else ""))
-            out = Prediction(seconds, bool(reason), reason)
+            out = Prediction(seconds, bool(reason), reason, SAMPLED)
         if len(self._cache) < 100_000:
             self._cache[key] = out
         return out

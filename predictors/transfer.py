@@ -45,7 +45,7 @@ import numpy as np
 from neox_perf import opspec
 from neox_perf.profile.facts import ClusterFacts, Link
 from neox_perf.profile.models import ModelEntry
-from neox_perf.profile.values import Prediction, ProfileInfo
+from neox_perf.profile.values import LINK_MODEL, SAMPLED, Prediction, ProfileInfo
 
 from . import achievable, baseline, gpus
 from .cluster_file import ClusterDescription
@@ -322,15 +322,20 @@ class TransferredProfile:
                 seconds = ref.seconds
             else:
                 seconds = latency + max(ref.seconds - ref_latency, 0.0) * target / ref_transfer
+            # the described links are the sampled ones (the groups sharing a node's NICs at once
+            # aside: derived from the NIC count and the placement, not a link model's guess) --
+            # the base's measured fabric prices it; else the link model does
+            alone = link_transfer(self.links, kind, elements, nodes, gpn, 1)
+            source = SAMPLED if alone == ref_transfer and latency == ref_latency else LINK_MODEL
             reasons = [ref.reason] if ref.reason else []
             if base_gpn != gpn:
                 reasons.append(f"{kind}: {gpn} GPUs/node never sampled on {self.base.name}; scaled from "
                                f"its {nodes}x{base_gpn} by the link model")
-            out = Prediction(seconds, bool(reasons), "; ".join(reasons))
+            out = Prediction(seconds, bool(reasons), "; ".join(reasons), source)
         else:
             where = "intra-node" if nodes <= 1 else "inter-node"
             out = Prediction(latency + target, True, f"{kind}: no {where} samples on {self.base.name}; link model "
-                                           f"with reference efficiency only")
+                                           f"with reference efficiency only", LINK_MODEL)
         if len(self._cache) < 100_000:
             self._cache[key] = out
         return out

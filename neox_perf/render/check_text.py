@@ -253,6 +253,15 @@ def _render_breakdown(est, console) -> None:
     if other:
         console.print(Text("not in the sum (per micro-batch, or overlapping it): "
                            + "; ".join(f"{name} {_s(v)}" for name, v in other), style="dim"))
+    sources = getattr(est, "collective_sources", None) or {}
+    if sources:
+        console.print(Text("collectives priced: " + "; ".join(
+            f"{SOURCE_NAMES.get(k, k.replace('_', ' '))}: {v}" for k, v in sources.items()), style="dim"))
+
+
+SOURCE_NAMES = {"dp_allreduce": "gradient all-reduce", "dp_allgather": "ZeRO all-gather",
+                "mp_allreduce": "tensor-parallel all-reduce", "pp_p2p": "pipeline sends",
+                "pp_allgather": "pipeline all-gather", "tied_allreduce": "tied-embedding all-reduce"}
 
 
 OTHER_NAMES = {

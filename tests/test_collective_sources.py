@@ -1,0 +1,100 @@
+"""Each correction applies only to what it was fitted against (issue 30): the data-parallel
+fabric term rides on link-model prices alone, never on collectives sampled on the cluster's own
+fabric; it stops growing past the widest group it was fitted on; every priced collective says
+where its price came from; and the bundled sampled profile does not move without a measured run."""
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from neox_perf.predict import load_cluster, predict
+from neox_perf.predictors.fitting import devset
+from neox_perf.profile.values import LINK_MODEL, SAMPLED
+from neox_perf.step_terms import FABRIC_NODES_FITTED, StepTerms, fabric_nodes
+
+from cli.cli_run import check_json
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "neox_perf" / "examples"
+VTRAIN = REPO / "benchmarks" / "clusters" / "vtrain-a100.yml"
+PINS = json.loads((Path(__file__).parent / "pins" / "da1378c_perlmutter_a100.json").read_text())
+
+
+def test_the_fabric_term_scales_link_model_prices_only():
+    t = StepTerms(dp_fabric_per_doubling=0.5)
+    assert t.collective("dp_allreduce", 64, 0.1, 8, LINK_MODEL) == pytest.approx(0.1 * (1 + 0.5 * 3))
+    # the cluster's own samples already carry the fabric's loss under load
+    assert t.collective("dp_allreduce", 64, 0.1, 8, SAMPLED) == pytest.approx(0.1)
+    assert t.collective("dp_allgather", 64, 0.1, 8, SAMPLED) == pytest.approx(0.1)
+    assert t.collective("dp_allreduce", 64, 0.1, 8, "") == pytest.approx(0.1)  # unknown: as priced
+
+
+def test_the_fabric_term_stops_growing_past_the_widest_group_it_was_fitted_on():
+    t = StepTerms(dp_fabric_per_doubling=0.5)
+    at_edge = t.collective("dp_allreduce", 8 * FABRIC_NODES_FITTED, 1.0, FABRIC_NODES_FITTED, LINK_MODEL)
+    for nodes in (2 * FABRIC_NODES_FITTED, 64, 4096):
+        assert fabric_nodes(nodes) == FABRIC_NODES_FITTED
+        assert t.collective("dp_allreduce", 8 * nodes, 1.0, nodes, LINK_MODEL) == pytest.approx(at_edge)
+
+
+def _run(**kw):
+    base = dict(gpus=64, global_batch=512, micro_batch=4, hidden=3072, heads=32, layers=4, seq_len=2048,
+                tp=1, dp=64, pp=1, seconds=3.6, model="3.6")
+    base.update(kw)
+    return devset.Run(**base)
+
+
+def test_a_group_past_the_fitted_range_is_flagged_and_its_interval_widens():
+    profile = load_cluster(str(VTRAIN))
+    inside = predict(*devset.build_config(_run(), 8), profile).estimate
+    wide = predict(*devset.build_config(_run(gpus=256, dp=256, global_batch=2048), 8), profile).estimate
+    assert wide.collective_sources["dp_allreduce"] == LINK_MODEL
+    flag = next(f for f in wide.flags if f.what.startswith("dp_allreduce"))
+    assert "spans 32" in flag.reason and f"priced at {FABRIC_NODES_FITTED}" in flag.reason
+    lo_i, hi_i = inside.interval_seconds
+    lo_w, hi_w = wide.interval_seconds
+    assert (hi_w - lo_w) / wide.iteration_seconds > (hi_i - lo_i) / inside.iteration_seconds
+
+
+def test_every_collective_says_where_its_price_came_from():
+    """The bundled Perlmutter description has the links its base sampled: its data-parallel
+    collectives are the samples'; a DGX A100 description's are its link model's."""
+    example = str(EXAMPLES / "gpt-20b.yml")
+    _, sampled = check_json(example, "--gpus", "128", "--cluster", "perlmutter-a100")
+    _, described = check_json(example, "--gpus", "128", "--cluster",
+                              str(EXAMPLES / "clusters" / "dgx-a100.yml"))
+    src = sampled["prediction"]["collective_sources"]
+    assert src["dp_allreduce"] == SAMPLED and src["mp_allreduce"] == SAMPLED
+    assert described["prediction"]["collective_sources"]["dp_allreduce"] == LINK_MODEL
+    # with the same terms in both profiles, the sampled fabric is priced as it measured it
+    b = sampled["prediction"]["breakdown"]
+    assert b["dp_allreduce"] > 0
+
+
+def _layout_config(tmp_path, example, pp, mp):
+    values = yaml.safe_load((EXAMPLES / f"{example}.yml").read_text())
+    values = {k: v for k, v in values.items()
+              if k.replace("-", "_") not in ("pipe_parallel_size", "model_parallel_size")}
+    values.update(pipe_parallel_size=pp, model_parallel_size=mp)
+    path = tmp_path / f"{example}-{pp}-{mp}.yml"
+    path.write_text(yaml.safe_dump(values))
+    return str(path)
+
+
+@pytest.mark.parametrize("case", sorted(PINS["seconds"]))
+def test_the_sampled_perlmutter_profile_stays_where_measured_runs_put_it(tmp_path, case):
+    """da1378c was within 5% of measured runs at the paper's layouts on Perlmutter (runs this
+    project does not have): a sampled profile does not move without a measured run."""
+    example, layout = case.split()
+    pp, mp, dp = (int(x) for x in layout.split("-"))
+    code, out = check_json(_layout_config(tmp_path, example, pp, mp), "--gpus", str(pp * mp * dp),
+                           "--cluster", "perlmutter-a100")
+    if out["prediction"] is None:
+        # out of memory on the 40 GB nodes as the memory model now reads it (the release that
+        # is pinned had another one): the time is pinned where a prediction is made
+        assert code == 3 and out["verdict"]["level"] == "fail"
+        pytest.skip(f"{case}: refused as out of memory, no prediction to pin")
+    pinned = PINS["seconds"][case]
+    got = out["prediction"]["iteration_seconds"]
+    assert got == pytest.approx(pinned, rel=PINS["tolerance"]), f"{case}: {got:.3f} s vs {pinned:.3f} s"
