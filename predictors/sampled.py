@@ -11,6 +11,7 @@ with predictors/profile.load_profile.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 import math
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Tuple
@@ -23,7 +24,7 @@ from neox_perf.profile.manifest import Manifest
 from neox_perf.profile.sections import Provenance
 from neox_perf.profile.values import SAMPLED, BatchPrediction, Coverage, Prediction, ProfileInfo
 
-from . import baseline, extrapolate
+from . import baseline, extrapolate, line_rate
 from .artifacts import Arrays, Model
 from .errors import ProfileError
 
@@ -225,6 +226,7 @@ class ClusterProfile:
                           f"for {nodes} nodes x {gpus_per_node} GPUs/node"
                           + ("; NCCL latency model below it" if elements < lo else ""))
             out = Prediction(seconds, bool(reason), reason, SAMPLED)
+        out = _at_least_line_rate(self.facts, out, kind, elements, nodes, gpus_per_node)
         if len(self._cache) < 100_000:
             self._cache[key] = out
         return out
@@ -289,3 +291,15 @@ def info_of(path: Path, manifest: Manifest) -> ProfileInfo:
     return ProfileInfo(manifest.name, path, manifest.facts.gpu_name, text)
 
 
+
+
+def _at_least_line_rate(facts, pred: Prediction, kind: str, elements: float, nodes: int,
+                        gpus_per_node: int) -> Prediction:
+    """`pred`, or the line rate's time where it is faster than the links allow (line_rate.py):
+    flagged, so the interval widens for it."""
+    floor = line_rate.floor_seconds(facts, kind, elements, nodes, gpus_per_node)
+    if pred.seconds >= floor:
+        return pred
+    why = line_rate.reason(kind, nodes, gpus_per_node)
+    return replace(pred, seconds=floor, extrapolated=True,
+                   reason=f"{pred.reason}; {why}" if pred.reason else why)

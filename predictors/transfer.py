@@ -50,7 +50,7 @@ from neox_perf.profile.values import LINK_MODEL, SAMPLED, Prediction, ProfileInf
 from . import achievable, baseline, gpus
 from .cluster_file import ClusterDescription
 from .errors import ProfileError
-from .sampled import collective_args
+from .sampled import _at_least_line_rate, collective_args
 
 METHODS = ("roofline", "additive", "fixed_additive")
 TRANSFER_METHOD = "additive"
@@ -336,6 +336,7 @@ class TransferredProfile:
             where = "intra-node" if nodes <= 1 else "inter-node"
             out = Prediction(latency + target, True, f"{kind}: no {where} samples on {self.base.name}; link model "
                                            f"with reference efficiency only", LINK_MODEL)
+        out = _at_least_line_rate(self.facts, out, kind, elements, nodes, gpn)
         if len(self._cache) < 100_000:
             self._cache[key] = out
         return out

@@ -98,3 +98,21 @@ def test_the_sampled_perlmutter_profile_stays_where_measured_runs_put_it(tmp_pat
     pinned = PINS["seconds"][case]
     got = out["prediction"]["iteration_seconds"]
     assert got == pytest.approx(pinned, rel=PINS["tolerance"]), f"{case}: {got:.3f} s vs {pinned:.3f} s"
+
+
+def test_no_collective_is_priced_faster_than_the_line_rate_of_its_links(monkeypatch):
+    from neox_perf.predictors import line_rate, sampled
+    profile = load_cluster("perlmutter-a100-80gb")
+    facts = profile.facts
+    # 1 GiB of fp16 all-reduced across 4 nodes: 2 (N-1)/N of it through each node's NICs
+    elements = 2 ** 29
+    floor = line_rate.floor_seconds(facts, "allreduce", elements, 4, 4)
+    assert floor == pytest.approx(2 * 3 / 4 * elements * 2 / (facts.inter_node_link.bandwidth_gbps * 1e9))
+    honest = profile.predict_collective("allreduce", elements, 4, 4)
+    assert honest.seconds >= floor and "line rate" not in honest.reason
+    # a model that prices it faster than the wire allows (a bogus sample) is raised and flagged
+    monkeypatch.setattr(sampled.ClusterProfile, "_collective_seconds", lambda self, *a: floor / 10)
+    fresh = load_cluster("perlmutter-a100-80gb")
+    fresh._cache.clear()
+    fast = fresh.predict_collective("allreduce", elements, 4, 4)
+    assert fast.seconds == pytest.approx(floor) and fast.extrapolated and "line rate" in fast.reason
