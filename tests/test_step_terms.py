@@ -106,7 +106,8 @@ def test_linearisation_is_exact_where_the_path_holds(profile, cases):
     assert np.all(lin[~balanced] <= real[~balanced] * (1 + 1e-9))  # max-plus: convex in the terms
 
 
-def test_fit_recovers_known_terms(profile, cases):
+def test_fit_recovers_known_terms(profile, cases, monkeypatch):
+    monkeypatch.setattr(step_fit, "PRIOR_RUNS", 0.0)  # 20 exact runs: nothing for a prior to add
     truth = StepTerms(compute_scale=1.05, memory_scale=1.2, dispatch_s=4e-5, micro_batch_s=1.5e-3,
                       pipeline_micro_batch_s=1e-3, step_s=5e-3, queue_coupling=0.25)
     seconds = step_fit.predict_all(cases, profile, truth)
@@ -136,10 +137,12 @@ def test_a_step_that_raises_the_real_loss_is_not_taken(profile, cases, monkeypat
     assert step_fit.loss(measured, real(synthetic, profile, fitted)) <= start_loss
 
 
-def test_solve_is_not_pulled_by_a_few_runs_no_term_explains():
+def test_solve_is_not_pulled_by_a_few_runs_no_term_explains(monkeypatch):
     """Two parameters, 40 runs on the line, 4 runs 30% off: the soft-L1 fit stays near the
-    line where squared error moves off it; and bounds hold."""
+    line where squared error moves off it; and bounds hold (the prior, which would pull the
+    5-sd dispatch_s here, is another test's)."""
     from scipy.optimize import lsq_linear
+    monkeypatch.setattr(step_fit, "PRIOR_RUNS", 0.0)
     rng = np.random.default_rng(0)
     names = ("compute_scale", "dispatch_s")
     truth = np.array([1.1, 1e-4])
@@ -246,3 +249,22 @@ def test_interval_widens_on_a_gpu_the_terms_were_not_fitted_on():
         assert (same.of(regime).lo_ratio, same.of(regime).hi_ratio) == (0.9, 1.1)
         assert other.of(regime).lo_ratio == pytest.approx(0.9 / 1.1)
         assert other.of(regime).hi_ratio == pytest.approx(1.21)
+
+
+def test_the_prior_keeps_a_term_the_runs_cannot_see_at_its_neutral_value(profile, cases):
+    """Runs that cannot tell two terms apart put the difference where the prior says it is
+    cheapest, and leave a term no run depends on where it started: a fit on one model class
+    (BLOOM's layout search) does not bend a term it cannot identify to its bound."""
+    truth = StepTerms(compute_scale=1.1)
+    seconds = step_fit.predict_all(cases, profile, truth)
+    synthetic = [dataclasses.replace(c, measured=float(s)) for c, s in zip(cases, seconds)]
+    F, c0 = step_fit.linearise(synthetic, profile, StepTerms())
+    # one more column that no run depends on: only the prior decides it
+    names = step_fit.FITTED
+    flat = names.index("dp_fabric_per_doubling")
+    F[:, flat] = 0.0
+    theta = step_fit.solve(F, c0, np.array(seconds))
+    assert theta[flat] == pytest.approx(0.0, abs=1e-9)
+    assert step_fit.prior_cost(StepTerms()) == 0.0
+    assert step_fit.prior_cost(StepTerms(memory_scale=1.2)) == pytest.approx(
+        step_fit.PRIOR_RUNS * step_fit.ROBUST_SCALE ** 2)

@@ -97,15 +97,50 @@ def linearise(cases: Sequence[Case], profile, terms: StepTerms,
 ROBUST_SCALE = 0.05
 
 
+# What a term's size is, physically, before any run is seen: the prior each fit stands on. A
+# set of runs that cannot tell two terms apart (a hundred layouts of one 180B model class:
+# BLOOM's layout search) would otherwise put the whole difference on whichever term bends
+# furthest -- a memory-bound scale of 1.9 that then predicts small models 65% slow. Each
+# term's deviation from its neutral value (StepTerms()) by PRIOR_SD costs what one run off by
+# ROBUST_SCALE does: nothing against the 1,486 vTrain runs (their fit moves < 0.1%), decisive
+# where the runs say nothing. Magnitudes: an operator's in-situ slowdown of 10% (compute) or
+# 20% (memory-bound); a launch's host cost of 20 us (CUDA launch latency is 5-10 us, a framework
+# call several); a collective's barrier 0.1 ms; a pipeline handshake or a micro-batch's engine
+# work 1-2 ms; a step's bookkeeping 20 ms; a queue coupling of 0.2; half a doubling's time for
+# the fabric.
+PRIOR_SD = {"compute_scale": 0.1, "memory_scale": 0.2, "dispatch_s": 2e-5, "tp_sync_s": 1e-4,
+            "p2p_s": 1e-3, "micro_batch_s": 2e-3, "pipeline_micro_batch_s": 2e-3, "step_s": 2e-2,
+            "queue_coupling": 0.2, "dp_fabric_per_doubling": 0.5}
+PRIOR_RUNS = 1.0
+
+
+def _prior_rows(names: Sequence[str]) -> Tuple[np.ndarray, np.ndarray]:
+    """One row per term: its deviation from its neutral value in units of PRIOR_SD, weighted
+    as PRIOR_RUNS runs."""
+    center = StepTerms()
+    scale = np.sqrt(PRIOR_RUNS) * ROBUST_SCALE
+    A = np.diag([scale / PRIOR_SD[n] for n in names])
+    b = np.array([scale * getattr(center, n) / PRIOR_SD[n] for n in names])
+    return A, b
+
+
+def prior_cost(terms: StepTerms, names: Sequence[str] = FITTED) -> float:
+    """The prior's part of the loss at ``terms`` (what solve() adds to the runs' squared part)."""
+    A, b = _prior_rows(names)
+    r = A @ np.array([getattr(terms, n) for n in names]) - b
+    return float(np.sum(r ** 2))
+
+
 def solve(F: np.ndarray, c0: np.ndarray, measured: np.ndarray,
-          names: Sequence[str] = FITTED, rounds: int = 50) -> np.ndarray:
+          names: Sequence[str] = FITTED, rounds: int = 50, prior: bool = True) -> np.ndarray:
     """Bounded robust least squares on the relative error (c0 + F theta) / measured - 1, by
     iteratively reweighted bounded least squares: each run weighs 1 / sqrt(1 + (r / scale)^2),
-    the soft-L1 weight at its current residual r. The loss is convex, so the reweighting
-    converges to its one minimum from any start."""
+    the soft-L1 weight at its current residual r; the prior (PRIOR_SD) adds one row per term.
+    The loss is convex, so the reweighting converges to its one minimum from any start."""
     from scipy.optimize import lsq_linear
     A = F / measured[:, None]
     b = 1.0 - c0 / measured
+    PA, Pb = _prior_rows(names) if prior else (np.zeros((0, len(names))), np.zeros(0))
     lo = np.array([BOUNDS[n][0] for n in names])
     hi = np.array([BOUNDS[n][1] for n in names])
     w = np.ones(len(b))
@@ -113,7 +148,8 @@ def solve(F: np.ndarray, c0: np.ndarray, measured: np.ndarray,
     for _ in range(rounds):
         sw = np.sqrt(w)[:, None]
         # bvls can land a hair outside its bounds
-        new = np.clip(lsq_linear(A * sw, b * sw[:, 0], bounds=(lo, hi), method="bvls").x, lo, hi)
+        new = np.clip(lsq_linear(np.vstack([A * sw, PA]), np.concatenate([b * sw[:, 0], Pb]),
+                                 bounds=(lo, hi), method="bvls").x, lo, hi)
         if theta is not None and np.allclose(new, theta, rtol=1e-6, atol=1e-12):
             return new
         theta = new
@@ -139,14 +175,14 @@ def fit(cases: Sequence[Case], profile, rounds: int = 12, start: StepTerms = STA
     linearisation) is halved until it does not."""
     terms = start
     measured = np.array([c.measured for c in cases])
-    current = loss(measured, predict_all(cases, profile, terms))
+    current = loss(measured, predict_all(cases, profile, terms)) + prior_cost(terms)
     for _ in range(rounds):
         F, c0 = linearise(cases, profile, terms)
         target = solve(F, c0, measured)
         here = np.array([getattr(terms, n) for n in FITTED])
         for _halving in range(6):
             new = StepTerms(**dict(zip(FITTED, map(float, target))))
-            got = loss(measured, predict_all(cases, profile, new))
+            got = loss(measured, predict_all(cases, profile, new)) + prior_cost(new)
             if got <= current:
                 break
             target = here + 0.5 * (target - here)
@@ -175,7 +211,9 @@ def refit(cases: Sequence[Case], profile, base: StepTerms, names: Sequence[str],
         idx = [FITTED.index(n) for n in names]
         fixed = np.array([getattr(terms, n) for n in FITTED])
         rest = c0 + F @ fixed - F[:, idx] @ fixed[idx]
-        theta = solve(F[:, idx], rest, measured, names)
+        # a refit names the few terms its runs identify (what the user's machine adds per
+        # micro-batch or per operator): no prior pulls them toward a neutral machine
+        theta = solve(F[:, idx], rest, measured, names, prior=False)
         new = replace(terms, **{n: float(v) for n, v in zip(names, theta)})
         if new == terms:
             break
@@ -217,13 +255,21 @@ def cross_validate(cases: Sequence[Case], profile, at: StepTerms,
 
 def interval_from_residuals(measured: np.ndarray, predicted: np.ndarray,
                             extrapolated_share: Optional[np.ndarray] = None,
-                            coverage: float = 0.8) -> Dict[str, float]:
+                            coverage: float = 0.8, symmetric: bool = False) -> Dict[str, float]:
     """The central ``coverage`` interval of measured/predicted, as ratios (lo <= 1 <= hi), and
-    how much wider predictions that extrapolate need to be to keep that coverage."""
+    how much wider predictions that extrapolate need to be to keep that coverage.
+
+    symmetric: the interval x exp(-q) .. x exp(q), q the ``coverage`` quantile of |log ratio|.
+    For residuals of a cluster no term was fitted on, whose sign says which cluster was slower,
+    not which way the next one will be: the next cluster may sit on either side."""
     ratio = measured / predicted
     tail = (1.0 - coverage) / 2
-    lo = float(min(1.0, np.quantile(ratio, tail)))
-    hi = float(max(1.0, np.quantile(ratio, 1.0 - tail)))
+    if symmetric:
+        q = float(np.quantile(np.abs(np.log(ratio)), coverage))
+        lo, hi = float(np.exp(-q)), float(np.exp(q))
+    else:
+        lo = float(min(1.0, np.quantile(ratio, tail)))
+        hi = float(max(1.0, np.quantile(ratio, 1.0 - tail)))
     widen = 0.0
     if extrapolated_share is not None and np.any(extrapolated_share > 0):
         # the smallest widening per unit share under which the runs that extrapolate most are
