@@ -40,12 +40,14 @@ sys.path.insert(0, str(REPO))
 
 from neox_perf.estimate import estimate  # noqa: E402
 from neox_perf.predict import load_cluster  # noqa: E402
-from neox_perf.predictors.fitting import devset, step_fit  # noqa: E402
-from neox_perf.step_terms import FITTED, Interval, StepTerms, of_profile  # noqa: E402
+from neox_perf.predictors.fitting import cluster_cv, devset, step_fit  # noqa: E402
+from neox_perf.step_terms import ACROSS_NODES, FITTED, INSIDE_NODE, Interval, StepTerms, of_profile  # noqa: E402
 
 DEFAULT_CLUSTER = REPO / "neox_perf" / "examples" / "clusters" / "dgx-a100.yml"
 MULTI_CLUSTER = REPO / "benchmarks" / "clusters" / "vtrain-a100.yml"
-SINGLE, MULTI = "single", "multi"
+BLOOM_CLUSTER = REPO / "benchmarks" / "clusters" / "jean-zay-a100.yml"
+SINGLE, MULTI, BLOOM = "single", "multi", "bloom"
+VTRAIN_NAME, JEAN_ZAY_NAME = "vTrain's A100 cluster", "Jean Zay (BLOOM)"
 
 
 def _table(title, cases, predicted, key=lambda c: c.key[1:], label="layout (tp,dp,pp)"):
@@ -122,6 +124,128 @@ def _held_out_interval(cases, predicted, shares, fold_of, pool=None):
     return interval, float(level), cover, per_fold, width
 
 
+def _rank_line(rankings) -> str:
+    return "; ".join(f"{_group_name(r.group)} ({r.layouts} layouts): Spearman {r.spearman:.2f}, regret "
+                     f"{r.regret:.3f}" for r in rankings) or f"no model with {cluster_cv.MIN_LAYOUTS} layouts"
+
+
+def _group_name(group) -> str:
+    return " ".join(str(g) for g in group) if isinstance(group, tuple) else str(group)
+
+
+def _around(interval: dict, seconds: float, share: float):
+    return Interval.from_dict(interval).around(seconds, share)
+
+
+def _leave_one_cluster_out(args, single_runs, single, multi_runs, multi, profile, vtrain_terms):
+    """Fit on one cluster, predict the other, both ways (vTrain's A100 runs, single- and
+    multi-node, against BigScience's BLOOM layout search on Jean Zay): per cluster and model
+    MAPE, mean signed error, and within each model and condition Spearman's rank correlation
+    and the regret of the predicted-best layout; each fitted term left out in turn on the
+    cluster it was not fitted on; and the 80% interval of a cluster nothing was fitted on, its
+    coverage checked on each cluster with the width the other one gives. Returns what the
+    profiles store, or None without the BLOOM rows."""
+    try:
+        bloom_runs = devset.load_bloom(Path(args.bloom_csv) if args.bloom_csv else None, timed_only=True)
+    except FileNotFoundError as exc:
+        print(f"\n(no BLOOM runs: {exc}; no leave-one-cluster-out)")
+        return None
+    jz = load_cluster(args.bloom_cluster)
+    bloom = step_fit.prepare(bloom_runs, lambda r: devset.build_bloom_config(r, jz.facts.gpus_per_node),
+                             key=lambda r: (BLOOM, r.model) + r.layout, profile=jz,
+                             pipe_sends_mask=devset.PIPE_SENDS_MASK)
+    print(f"\n== leave one cluster out ==\n{len(bloom_runs)} timed BLOOM layouts (Jean Zay, "
+          f"{len({r.model for r in bloom_runs})} candidate models, {len({r.date for r in bloom_runs})} days) "
+          f"through {jz.name} ({jz.facts.gpu_name}, {jz.description.inter_node_Gbps:g} Gb/s per node)")
+    print(f"assumed: {devset.BLOOM_ASSUMPTIONS}")
+    vtrain_cases = list(single) + list(multi)
+    # who may be compared with whom: one model (and batch) on one cluster on one day
+    vtrain_groups = ([("single-node", f"h{r.hidden}", f"L{r.layers}", f"{r.gpus} GPUs", f"gb{r.global_batch}")
+                      for r in single_runs] + [(f"{r.model}B",) for r in multi_runs])
+    vtrain_models = ["single-node"] * len(single) + [f"{r.model}B" for r in multi_runs]
+    bloom_groups = [(f"{r.model}B", r.date) for r in bloom_runs]
+    bloom_models = [f"{r.model}B" for r in bloom_runs]
+    regimes = [INSIDE_NODE] * len(single) + [ACROSS_NODES] * (len(multi) + 0)
+    t0 = time.perf_counter()
+    bloom_terms = step_fit.fit(bloom, jz, rounds=args.rounds)
+    print(f"step terms fitted on the BLOOM runs alone ({time.perf_counter() - t0:.0f} s); beside those "
+          f"fitted on vTrain's:")
+    for n in FITTED:
+        print(f"  {n:>22} = {getattr(bloom_terms, n):<12.6g} (vTrain: {getattr(vtrain_terms, n):.6g})")
+    sets = {
+        VTRAIN_NAME: dict(cases=vtrain_cases, profile=profile, fitted=vtrain_terms, groups=vtrain_groups,
+                          models=vtrain_models, regimes=regimes),
+        JEAN_ZAY_NAME: dict(cases=bloom, profile=jz, fitted=bloom_terms, groups=bloom_groups,
+                            models=bloom_models, regimes=[ACROSS_NODES] * len(bloom)),
+    }
+    names = list(sets)
+    out = {"section": {}, "coverage": {}}
+    for held, other in ((names[1], names[0]), (names[0], names[1])):
+        h, o = sets[held], sets[other]
+        measured = np.array([c.measured for c in h["cases"]])
+        own = step_fit.predict_all(h["cases"], h["profile"], h["fitted"])
+        pred = step_fit.predict_all(h["cases"], h["profile"], o["fitted"])
+        plain = step_fit.predict_all(h["cases"], h["profile"], StepTerms())
+        h["loco"], h["measured"] = pred, measured
+        h["shares"] = _shares(h["cases"], h["profile"], o["fitted"])
+        print(f"\n{held}, predicted with the terms fitted on {other}:")
+        per_model = {}
+        for model in sorted(set(h["models"]), key=str):
+            idx = np.array([m == model for m in h["models"]])
+            line, summ = cluster_cv.summary_line(f"  {model}", measured[idx], pred[idx])
+            _, mine = cluster_cv.summary_line("", measured[idx], own[idx])
+            per_model[model] = summ
+            print(f"{line}   (fitted on itself: MAPE {mine['mape']:.2f}%, signed {mine['mean_signed']:+.2f}%)")
+        line, whole = cluster_cv.summary_line("  every run", measured, pred)
+        print(line + f"   (plain operator sum: MAPE {step_fit.summary(measured, plain)['mape']:.2f}%)")
+        ranks = cluster_cv.rankings(h["groups"], pred, measured)
+        print("  ranking within a model and condition: " + _rank_line(ranks))
+        print(f"  each term of {other}'s left out (MAPE / mean Spearman on {held}; kept where it helps):")
+        base_rho = np.mean([r.spearman for r in ranks]) if ranks else float("nan")
+        verdicts = {}
+        for n, t in cluster_cv.without_each(o["fitted"]).items():
+            p = step_fit.predict_all(h["cases"], h["profile"], t)
+            r = cluster_cv.rankings(h["groups"], p, measured)
+            rho = np.mean([x.spearman for x in r]) if r else float("nan")
+            mape = step_fit.summary(measured, p)["mape"]
+            helps = mape > whole["mape"] + 0.05 or (ranks and rho < base_rho - 0.005)
+            verdicts[n] = {"mape_without": mape, "spearman_without": rho, "helps": bool(helps)}
+            print(f"    without {n:>22}: MAPE {mape:6.2f}% (with it {whole['mape']:.2f}%), Spearman "
+                  f"{rho:.2f} (with it {base_rho:.2f}) -> {'helps' if helps else 'no help here'}")
+        out["section"][held] = {"fitted_on": other, "every_run": whole, "by_model": per_model,
+                                "rankings": [{"group": _group_name(r.group), "layouts": r.layouts,
+                                              "spearman": r.spearman, "regret": r.regret} for r in ranks],
+                                "terms_left_out": verdicts}
+    # the interval of a cluster nothing was fitted on, per regime; checked on each cluster with
+    # the width the other cluster's transfer residuals give, then made from both for the profiles
+    print("\n80% interval on a cluster nobody fitted on (symmetric: x exp(-q) .. x exp(q), q the 80th "
+          "percentile of |log measured/predicted| of runs predicted by terms fitted on the other cluster):")
+    for held, other in ((names[1], names[0]), (names[0], names[1])):
+        h, o = sets[held], sets[other]
+        for regime in (INSIDE_NODE, ACROSS_NODES):
+            mine = np.array([r == regime for r in h["regimes"]])
+            if not mine.any():
+                continue
+            theirs = np.array([r == regime for r in o["regimes"]])
+            if theirs.sum() < cluster_cv.MIN_LAYOUTS:
+                theirs = np.ones(len(o["regimes"]), dtype=bool)  # the other has no such runs: all of its
+            iv = cluster_cv.symmetric_interval(o["measured"][theirs], o["loco"][theirs], o["shares"][theirs])
+            cov = cluster_cv.covered(h["measured"][mine], h["loco"][mine], h["shares"][mine], iv, _around)
+            out["coverage"][f"{held}, {regime}"] = {"coverage": cov, "runs": int(mine.sum()),
+                                                    "interval_from": other, **iv}
+            print(f"  {held}, {regime} ({int(mine.sum())} runs): x{iv['lo_ratio']:.3f} .. x{iv['hi_ratio']:.3f} "
+                  f"from {other}'s residuals holds {cov:.1f}%")
+    every = {k: np.concatenate([sets[n][k] for n in names]) for k in ("measured", "loco", "shares")}
+    every_regime = np.array(sum((sets[n]["regimes"] for n in names), []))
+    for regime, key in ((INSIDE_NODE, "inside"), (ACROSS_NODES, "across")):
+        sel = every_regime == regime
+        out[key] = cluster_cv.symmetric_interval(every["measured"][sel], every["loco"][sel], every["shares"][sel])
+        print(f"  for the profiles, {regime}: x{out[key]['lo_ratio']:.3f} .. x{out[key]['hi_ratio']:.3f} "
+              f"(both clusters' transfer residuals, {int(sel.sum())} runs), widened by "
+              f"{out[key]['widen_per_extrapolated']:.2f} per unit share of extrapolated time")
+    return out
+
+
 def _write_terms(profile_dir: Path, section: dict) -> None:
     from dataclasses import replace
 
@@ -150,6 +274,12 @@ def main(argv=None) -> int:
                     help="cluster description of the multi-node set's nodes")
     ap.add_argument("--csv", help="vTrain single_node_runs.csv (default ../shared/data/...)")
     ap.add_argument("--multi-csv", help="vTrain multi_node_runs.csv (default ../shared/data/...)")
+    ap.add_argument("--bloom-csv", help="BLOOM layout_search_runs.csv (default ../shared/data/...)")
+    ap.add_argument("--bloom-cluster", default=str(BLOOM_CLUSTER),
+                    help="cluster description of Jean Zay's nodes (the BLOOM runs)")
+    ap.add_argument("--quick", action="store_true",
+                    help="skip the in-cluster cross-validation by layout, depth and width (the "
+                         "leave-one-cluster-out part and the fits run); never with --write-terms")
     ap.add_argument("--write-terms", metavar="PROFILE_DIR",
                     help="store the fitted terms and intervals in this profile's manifest")
     ap.add_argument("--rounds", type=int, default=12, help="re-linearisation rounds of the fit (at most)")
@@ -165,6 +295,8 @@ def main(argv=None) -> int:
                          "them >= 1, see step_fit.BOUNDS): shows what a dev set whose GPUs are "
                          "faster than the samples' would fit; never with --write-terms")
     args = ap.parse_args(argv)
+    if args.quick and (args.write_terms or args.also_write):
+        ap.error("--quick skips cross-validation the written section records: it cannot write terms")
     if args.scales_from is not None:
         if args.write_terms or args.also_write:
             ap.error("--scales-from is a comparison: it cannot write terms")
@@ -182,7 +314,7 @@ def main(argv=None) -> int:
           f"{profile.name} ({profile.facts.gpu_name}, {gpn} GPUs/node)")
     cases = step_fit.prepare(single_runs, lambda r: devset.build_config(r, gpn),
                              key=lambda r: (SINGLE,) + r.layout, pipe_sends_mask=devset.PIPE_SENDS_MASK)
-    multi, apart = [], []
+    multi, apart, multi_runs_kept = [], [], []
     if multi_runs:
         mprof = load_cluster(args.multi_cluster)
         mgpn = mprof.facts.gpus_per_node
@@ -194,8 +326,10 @@ def main(argv=None) -> int:
         built = step_fit.prepare(multi_runs, lambda r: devset.build_config(r, mgpn),
                                  key=lambda r: (MULTI, r.model) + r.layout, profile=mprof,
                                  pipe_sends_mask=devset.PIPE_SENDS_MASK)
-        for case, bad in zip(built, devset.inconsistent(multi_runs)):
+        for run, case, bad in zip(multi_runs, built, devset.inconsistent(multi_runs)):
             (apart if bad else multi).append(case)
+            if not bad:
+                multi_runs_kept.append(run)
         for c in apart:
             print(f"  set apart (slower than the same job at a smaller micro-batch by over "
                   f"{devset.INCONSISTENT_RATIO}x): {c.label}")
@@ -260,7 +394,7 @@ def main(argv=None) -> int:
 
     by = {}
     layouts = {c.key for c in cases}
-    for name, i in (("pipeline depth", 3), ("tensor-parallel width", 1)):
+    for name, i in (() if args.quick else (("pipeline depth", 3), ("tensor-parallel width", 1))):
         key = lambda c, i=i: c.key[i]
         # the multi-node runs stay in every fold's training set
         folds_i = [[k for k in layouts if k[i] == v] for v in sorted({k[i] for k in layouts})]
@@ -301,6 +435,10 @@ def main(argv=None) -> int:
               + f"), median width {width:.1f}%")
     print("one NIC per GPU: no measured runs; the across-nodes interval with its high end raised by "
           "the job's inter-node share (step_terms.ONE_NIC_UPWARD), coverage not measurable here")
+
+    loco = _leave_one_cluster_out(args, single_runs, cases, multi_runs_kept, multi, profile, terms)
+    if loco is not None:
+        inside, across, coverage["leave one cluster out"] = loco["inside"], loco["across"], loco["coverage"]
     print(f"\nsummary: operator sum MAPE {step_fit.summary(measured_s, plain)['mape']:.2f}% -> "
           f"single-node cross-validated {s_cv['mape']:.2f}% (signed {s_cv['mean_signed']:+.2f}%), worst "
           f"layout class {worst_class:.1f}%; vTrain's own simulator reports 8.37% on this set"
@@ -318,6 +456,7 @@ def main(argv=None) -> int:
                                  **{f"by_{k.replace(' ', '_')}": v for k, v in by.items()},
                                  "multi_node_by_model": by_model, "multi_node_set_apart": apart_cv},
             "interval_coverage": coverage,
+            **({"leave_one_cluster_out": loco["section"]} if loco is not None else {}),
             "command": "python benchmarks/endtoend.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         }
         if across is not None:

@@ -1,0 +1,89 @@
+"""Leave one cluster out: terms fitted on one cluster's measured runs, judged on another's.
+
+A term fitted on the runs of one cluster corrects what that cluster's prediction lacked; it is
+worth shipping only if it helps on a cluster it never saw (benchmarks/endtoend.py prints both
+ways). What a user acts on is the ranking of layouts (`plan`) and the time with its interval
+(`check`): the figures here are those, per cluster and model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable, Dict, Hashable, List, Sequence, Tuple
+
+import numpy as np
+
+from neox_perf.step_terms import FITTED, StepTerms
+
+from . import step_fit
+
+MIN_LAYOUTS = 10  # a ranking is judged where one model has this many layouts under one condition
+
+
+def spearman(predicted: Sequence[float], measured: Sequence[float]) -> float:
+    """Spearman's rank correlation of predicted against measured time (ties averaged)."""
+    from scipy.stats import spearmanr
+    return float(spearmanr(predicted, measured)[0])
+
+
+def regret(predicted: Sequence[float], measured: Sequence[float]) -> float:
+    """Measured time of the layout predicted fastest over the fastest measured: what following
+    the prediction costs (1.0: it picked the best)."""
+    p, m = np.asarray(predicted, dtype=float), np.asarray(measured, dtype=float)
+    return float(m[int(np.argmin(p))] / np.min(m))
+
+
+@dataclass(frozen=True)
+class Ranking:
+    group: Hashable  # (model, condition): runs that may be compared with each other
+    layouts: int
+    spearman: float
+    regret: float
+
+
+def rankings(groups: Sequence[Hashable], predicted: Sequence[float], measured: Sequence[float],
+             min_layouts: int = MIN_LAYOUTS) -> List[Ranking]:
+    """Per group with at least ``min_layouts`` runs: how well the prediction ranks them."""
+    by: Dict[Hashable, List[int]] = {}
+    for i, g in enumerate(groups):
+        by.setdefault(g, []).append(i)
+    out = []
+    for g in sorted(by, key=str):
+        idx = by[g]
+        if len(idx) < min_layouts:
+            continue
+        p = [predicted[i] for i in idx]
+        m = [measured[i] for i in idx]
+        out.append(Ranking(g, len(idx), spearman(p, m), regret(p, m)))
+    return out
+
+
+def without_each(terms: StepTerms, names: Sequence[str] = FITTED) -> Dict[str, StepTerms]:
+    """The terms with each fitted one set back to its neutral value (StepTerms()), by name,
+    for those that are not neutral already: a term is kept only if the cluster it was not
+    fitted on is predicted better with it."""
+    neutral = StepTerms()
+    return {n: replace(terms, **{n: getattr(neutral, n)}) for n in names
+            if getattr(terms, n) != getattr(neutral, n)}
+
+
+def symmetric_interval(measured: np.ndarray, predicted: np.ndarray, shares: np.ndarray,
+                       coverage: float = 0.8) -> Dict[str, float]:
+    """The 80% interval of a cluster nothing was fitted on: x exp(-q) .. x exp(q), q the 80th
+    percentile of |log measured / predicted| over the runs of clusters predicted by terms
+    fitted elsewhere (step_fit.interval_from_residuals, symmetric)."""
+    return step_fit.interval_from_residuals(measured, predicted, shares, coverage, symmetric=True)
+
+
+def covered(measured: np.ndarray, predicted: np.ndarray, shares: np.ndarray,
+            interval: Dict[str, float], around: Callable) -> float:
+    """Share (%) of runs inside ``interval`` (an Interval's around(seconds, share))."""
+    inside = []
+    for m, p, s in zip(measured, predicted, shares):
+        lo, hi = around(interval, p, s)
+        inside.append(lo <= m <= hi)
+    return 100.0 * float(np.mean(inside)) if inside else float("nan")
+
+
+def summary_line(name: str, measured: np.ndarray, predicted: np.ndarray) -> Tuple[str, Dict[str, float]]:
+    s = step_fit.summary(np.asarray(measured), np.asarray(predicted))
+    return (f"{name}: MAPE {s['mape']:.2f}%  mean signed {s['mean_signed']:+.2f}%  over {s['runs']} runs", s)
