@@ -61,18 +61,16 @@ NEEDS = {"torch": "torch", "deepspeed": "deepspeed", "pydantic": "pydantic (Deep
          "neox_perf.calibration": "neox-perf installed from this checkout (pip install --no-deps .)"}
 
 # --dry-run: shapes that run in seconds on a CPU core
-TINY_PLAN = """
-name: gpu-check-dry-run
-protocol: {warmup: 0, repeats: 2}
-defaults: {mp: 1, b: 1, l: [16, 32], d: [32, 64], h: 2, vocab: 256}
-ops:
-  linear1: {}
-  linear4: {}
-  layernorm: {}
-  softmax: {}
-  gelu: {}
-  optimizer: {params: [1000, 4000, 16000]}
-"""
+def tiny_plan() -> dict:
+    """--dry-run: every operator of the quick plan (the engine fit needs each one the engine's
+    model runs), each on a 2 x 2 grid of tiny shapes."""
+    from neox_perf.calibration.plan import load_plan
+    ops = sorted({p.op for p in load_plan("quick").points})
+    return {"name": "gpu-check-dry-run", "protocol": {"warmup": 0, "repeats": 2},
+            "defaults": {"mp": 1, "b": 1, "l": [16, 32], "d": [32, 64], "h": 2, "vocab": 256},
+            "ops": {op: ({"params": [1000, 4000, 16000]} if op == "optimizer" else {}) for op in ops}}
+
+
 TINY_ENGINE_SHAPE = (64, 32, 1, "layernorm", "global", 256)
 TINY_CONFIG = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 32,
                "max_position_embeddings": 32, "train_micro_batch_size_per_gpu": 2,
@@ -101,11 +99,11 @@ def _why(exc: BaseException) -> str:
 
 # -- requirements ---------------------------------------------------------------------------
 
-def missing(needs: Dict[str, str] = NEEDS) -> List[str]:
-    """What is not importable, by what to install."""
+def missing(needs: Optional[Dict[str, str]] = None) -> List[str]:
+    """What is not importable (default: NEEDS), by what to install."""
     import importlib.util
     out = []
-    for module, dist in needs.items():
+    for module, dist in (NEEDS if needs is None else needs).items():
         try:
             found = importlib.util.find_spec(module) is not None
         except (ImportError, ValueError):  # a parent package missing
@@ -188,7 +186,7 @@ def calibrate_step(configs: List[str], work: Path, dry_run: bool, row, operators
     from neox_perf.commands.calibrate import run_calibrate
     if dry_run:
         plan_path = work / "tiny-plan.yml"
-        plan_path.write_text(TINY_PLAN)
+        plan_path.write_text(json.dumps(tiny_plan(), indent=1))  # JSON is YAML
         plan, sizing = str(plan_path), {"plan": "tiny (--dry-run)", "points_kept": None}
         from neox_perf.predictors.fitting import fit
         grid, shapes = fit.QUICK_GRID, [TINY_ENGINE_SHAPE]
@@ -456,7 +454,7 @@ def main(argv=None) -> int:
     dry = bool(args.dry_run)
     iters = args.iters or (3 if dry else 30)
     rounds = args.overhead_rounds or (2 if dry else 6)
-    out = Path(args.out)
+    out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
 
     lacking = requirements(dry)
@@ -465,12 +463,18 @@ def main(argv=None) -> int:
         return 2
 
     budget = Budget(args.budget_s)
+    cwd = os.getcwd()
     own_work = args.work is None
-    work = Path(tempfile.mkdtemp(prefix="gpu-check-")) if own_work else Path(args.work)
+    work = Path(tempfile.mkdtemp(prefix="gpu-check-")) if own_work else Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     home = work / "home"  # the fresh profile and store never land in the user's NEOX_PERF_HOME
     os.environ["NEOX_PERF_HOME"] = str(home)
-    configs = [str(Path(c).resolve()) for c in (args.configs or CONFIGS)]
+    # The launched processes (`python -m neox_perf.calibration...`) put their working folder
+    # first on sys.path: run from the checkout, its neox_perf/ (which holds no calibration/:
+    # setup.cfg maps it in at install) would hide the installed package.
+    configs_given = [str(Path(c).resolve()) for c in (args.configs or CONFIGS)]
+    os.chdir(work)
+    configs = configs_given
     labels = [Path(c).stem for c in configs]
     cuda = not dry
     report: Dict[str, object] = {"dry_run": dry, "budget_s": args.budget_s, "configs": configs,
@@ -524,6 +528,7 @@ def main(argv=None) -> int:
     report["exit_code"] = 0 if all(s["status"] == "ok" for s in steps) else 1
     (out / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str))
     (out / "gpu_check.md").write_text(markdown(report))
+    os.chdir(cwd)
     if own_work:
         shutil.rmtree(work, ignore_errors=True)
     bad = [f"{s['step']}: {s['status']} ({s['why']})" for s in steps if s["status"] != "ok"]
