@@ -170,6 +170,10 @@ def sized_quick_plan(row, operators_s: float, per_point_s: float):
     fp16 rate and half its HBM bandwidth: a pessimistic roofline, as the plan tests use)."""
     from neox_perf.calibration.plan import load_plan, roofline_seconds, sized_to
     plan = load_plan("quick")
+    if row is None:  # a GPU the table does not know: no rates to size by
+        return plan, {"plan": "quick", "points_in_quick": len(plan.points), "stride": 1,
+                      "points_kept": len(plan.points), "estimated_seconds": float("nan"),
+                      "why": "GPU not in predictors/gpus.py: the quick plan whole"}
     rate = row.achievable("fp16")
     flops = (rate.tflops if rate is not None else row.peak_tflops("fp16")) * 1e12
     seconds_of = roofline_seconds(0.5 * flops, 0.5 * row.hbm_gbps * 1e9)
