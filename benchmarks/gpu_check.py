@@ -455,19 +455,31 @@ def main(argv=None) -> int:
     ap.add_argument("--overhead-rounds", type=int, default=None, help="default 6; 2 with --dry-run")
     ap.add_argument("--work", help="keep the working files (store, profile, logs) here")
     args = ap.parse_args(argv)
+    env, cwd = dict(os.environ), os.getcwd()
+    try:
+        return _check(args)
+    finally:  # a caller's process (the test suite) gets its environment and folder back
+        os.environ.clear()
+        os.environ.update(env)
+        os.chdir(cwd)
+
+
+def _check(args) -> int:
     dry = bool(args.dry_run)
     iters = args.iters or (3 if dry else 30)
     rounds = args.overhead_rounds or (2 if dry else 6)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
 
+    if dry:  # the CPU accelerator even where a GPU is present (for the launched processes, and
+        # for this one when torch has not touched CUDA yet)
+        os.environ.update(CUDA_VISIBLE_DEVICES="", DS_ACCELERATOR="cpu")
     lacking = requirements(dry)
     if lacking:
         print(lacking, file=sys.stderr)
         return 2
 
     budget = Budget(args.budget_s)
-    cwd = os.getcwd()
     own_work = args.work is None
     work = Path(tempfile.mkdtemp(prefix="gpu-check-")) if own_work else Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -532,7 +544,7 @@ def main(argv=None) -> int:
     report["exit_code"] = 0 if all(s["status"] == "ok" for s in steps) else 1
     (out / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str))
     (out / "gpu_check.md").write_text(markdown(report))
-    os.chdir(cwd)
+    os.chdir(out)
     if own_work:
         shutil.rmtree(work, ignore_errors=True)
     bad = [f"{s['step']}: {s['status']} ({s['why']})" for s in steps if s["status"] != "ok"]

@@ -109,7 +109,10 @@ def test_dry_run_walks_every_step_on_the_cpu(gpu_check, tmp_path):
         pytest.importorskip(lib)
     out = tmp_path / "out"
     config = str(REPO / "benchmarks" / "gpu_check" / "a-pp1-fp16-flash-layernorm.yml")
+    import os
+    env, cwd = dict(os.environ), os.getcwd()
     code = gpu_check.main(["--out", str(out), "--dry-run", "--work", str(tmp_path / "work"), config])
+    assert dict(os.environ) == env and os.getcwd() == cwd  # NEOX_PERF_HOME etc. were its own
     files = sorted(p.name for p in out.iterdir())
     assert files == ["gpu_check.json", "gpu_check.md"]
     assert all((out / f).stat().st_size < 16 << 20 for f in files)
