@@ -501,3 +501,35 @@ def roofline_seconds(flops_per_second: float, bytes_per_second: float, launch: f
         return (launch + float(opspec.op_flops(op, phase, feats)) / flops_per_second
                 + float(opspec.op_bytes(op, phase, feats)) / bytes_per_second)
     return seconds_of
+
+
+def sized_to(plan: Plan, budget_s: float, seconds_of: Callable[[str, str, Dict[str, Any]], float],
+             per_point: float = 0.005, min_rows: int = 20) -> Tuple[Plan, int, float]:
+    """``plan`` thinned until estimated_seconds says its sweep fits ``budget_s``: every
+    (op, phase) keeps 1 point in ``stride`` (evenly spread over its own order, its ends kept)
+    but never fewer than ``min_rows`` (or all it has), the trainer's least for a tree model
+    (predictors/fitting/fit.MIN_ROWS_FOR_TREES). Returns (plan, stride, estimated seconds);
+    stride 1 is the plan whole. Where even the floor does not fit, the floor is returned."""
+    import math
+    from dataclasses import replace
+    groups: Dict[Tuple[str, str], List[PlanPoint]] = {}
+    for p in plan.points:
+        groups.setdefault((p.op, p.phase), []).append(p)
+
+    def thinned(stride: int) -> Plan:
+        keep = set()
+        for pts in groups.values():
+            n = len(pts)
+            count = min(n, max(min_rows, math.ceil(n / stride)))
+            idx = {round(i * (n - 1) / max(count - 1, 1)) for i in range(count)} if count > 1 else {0}
+            keep.update(pts[i] for i in idx)
+        return replace(plan, points=tuple(p for p in plan.points if p in keep))
+
+    largest = max((len(v) for v in groups.values()), default=1)
+    stride, out = 1, plan
+    while True:
+        seconds = estimated_seconds(out, seconds_of, per_point)
+        if seconds <= budget_s or stride >= largest:
+            return out, stride, seconds
+        stride = min(largest, stride * 2)
+        out = thinned(stride)

@@ -93,7 +93,8 @@ def _plan(args):
     if getattr(args, "plan", None) and getattr(args, "quick", False):
         raise UsageError("--quick and --plan exclude each other: --quick is the bundled quick plan")
     source = args.plan if getattr(args, "plan", None) else ("quick" if args.quick else "full")
-    return source, load_plan(source)
+    plan = load_plan(source)  # a Plan object (one sized by a caller) is used as it is
+    return (plan.name if source is plan else source), plan
 
 
 def run_calibrate(args, progress: Optional[Progress] = None,
@@ -159,8 +160,9 @@ def run_calibrate(args, progress: Optional[Progress] = None,
 
     started = time.monotonic()
     if getattr(args, "engine", True):
+        shapes = getattr(args, "engine_shapes", None)  # a caller's smaller set (gpu_check --dry-run)
         result.engine = run_engine(engine_path(store), device, _stepper(progress, "engine"),
-                                   nproc=nproc)
+                                   nproc=nproc, **({"shapes": tuple(shapes)} if shapes else {}))
     result.seconds["engine"] = time.monotonic() - started
     if summary.disturbance is not None and (result.engine or result.collectives.get("measured")
                                             or result.collectives.get("buckets")):

@@ -177,3 +177,30 @@ def test_quick_plan_gives_the_trainer_enough_rows_for_trees():
     for p in load_plan("quick").points:
         counts[(p.op, p.phase)] = counts.get((p.op, p.phase), 0) + 1
     assert min(counts.values()) >= fit.MIN_ROWS_FOR_TREES, counts
+
+
+def test_sized_to_thins_every_operator_evenly_down_to_the_trainers_floor():
+    from neox_perf.calibration.plan import estimated_seconds, roofline_seconds, sized_to
+    quick = load_plan("quick")
+    seconds_of = roofline_seconds(4e14, 1.7e12)  # about half an H100's rates
+    whole, stride, est = sized_to(quick, 1e9, seconds_of, per_point=0.05)
+    assert whole is quick and stride == 1 and est == estimated_seconds(quick, seconds_of, 0.05)
+    sized, stride, est = sized_to(quick, est / 3, seconds_of, per_point=0.05)
+    assert stride > 1 and est <= estimated_seconds(quick, seconds_of, 0.05) / 3
+    assert set(sized.points) < set(quick.points)
+    order = {p: i for i, p in enumerate(quick.points)}
+    assert [order[p] for p in sized.points] == sorted(order[p] for p in sized.points)
+
+    def groups(plan):
+        out = {}
+        for p in plan.points:
+            out.setdefault((p.op, p.phase), []).append(p)
+        return out
+    before, after = groups(quick), groups(sized)
+    assert set(after) == set(before)  # no operator or phase is dropped
+    for key, pts in before.items():
+        assert len(after[key]) >= min(len(pts), 20), key
+        assert after[key][0] == pts[0] and after[key][-1] == pts[-1], key  # the ends are kept
+    # a budget below the floor returns the floor
+    floor, _, est_floor = sized_to(quick, 1.0, seconds_of, per_point=0.05)
+    assert est_floor > 1.0 and all(len(v) == min(len(before[k]), 20) for k, v in groups(floor).items())
