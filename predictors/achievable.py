@@ -158,16 +158,20 @@ def fp32_matmuls(profile, tf32: Optional[bool] = None, source: str = "") -> Fp32
     return Fp32Matmuls(DEFAULT_TF32, DEFAULT_WHY, False)
 
 
-def samples_tf32(profile) -> bool:
+def samples_tf32(profile) -> Optional[bool]:
     """Whether a profile's fp32 samples ran their matmuls as TF32: the run a level correction
     scaled them to (`calibrate --from-run` records it), else the calibrated machine's facts (a
-    description's samples are its base's)."""
+    description's samples are its base's); None where neither recorded it (limits then takes
+    fp32 samples to run as the run does: nothing to rescale)."""
     manifest = profile.manifest
     recalibrated = manifest.provenance.recalibrated if manifest.provenance is not None else None
-    if recalibrated and recalibrated.get("tf32") is not None:
+    if recalibrated and recalibrated.get("dtype") and recalibrated.get("tf32") is not None:
         return bool(recalibrated["tf32"])
+    if recalibrated and recalibrated.get("dtype"):
+        return None  # corrected to a run that did not record its TF32
     measured = getattr(profile, "base", None) or profile
-    return bool(getattr(measured.facts, "tf32", None))
+    tf32 = getattr(measured.facts, "tf32", None)
+    return None if tf32 is None else bool(tf32)
 
 
 def matmul_precision(precision: str, tf32: bool) -> str:
@@ -271,7 +275,8 @@ def limits(profile, precision: str, tf32: Optional[bool] = None, tf32_source: st
         return None
     mm = fp32_matmuls(profile, tf32, tf32_source) if run == "fp32" else None
     run_mm = matmul_precision(run, mm is not None and mm.tf32)
-    samples_mm = matmul_precision(samples, samples_tf32(profile))
+    said = samples_tf32(profile)
+    samples_mm = matmul_precision(samples, run_mm == "tf32" if said is None else said)
     if run_mm == "tf32" and gpu.achievable("tf32") is None:
         raise ProfileError(where, f"fp32 run with TF32 matmuls ({mm.source}) on {gpu.name}: no TF32 rate "
                                   f"for this GPU (docs/achievable-rates.md), so neox-perf cannot price it",
@@ -302,6 +307,8 @@ def other_limits(found: OperatorLimits) -> Optional[OperatorLimits]:
     mm = found.fp32_matmuls
     if mm is None or mm.known or found.gpu.achievable("tf32") is None:
         return None
+    if found.samples == "fp32" and samples_tf32(found.profile) is None:
+        return None  # fp32 samples of unrecorded TF32: no second pricing to tell from the first
     try:
         return limits(found.profile, found.precision, not mm.tf32, "the other end of the default's interval")
     except ProfileError:
