@@ -32,10 +32,11 @@ run computes in: the rule every operator prediction passes through (`estimate`, 
    prices the other way too and widens the 80% interval to reach it.
 
 2. Cap. No call is predicted faster than its FLOPs at the GPU's achievable rate for the run's
-   matmul precision (TF32's for an fp32 run with TF32 matmuls): t >= F / P_run. The samples are short bursts (the mean of the 3rd-7th fastest of
-   10 runs, warm caches): their largest GEMMs beat what a long GEMM sustains (Perlmutter A100
-   up to 301 TFLOP/s against 271 measured by a shape search over 100-run means; Vista GH200
-   up to 977 against 829), and a training step runs them back to back for hours. A capped
+   matmul precision (TF32's for an fp32 run with TF32 matmuls): t >= F / P_run. The samples
+   are short bursts (the mean of the 3rd-7th fastest of 10 runs, warm caches): their largest
+   GEMMs beat what a long GEMM sustains (Perlmutter A100 up to 301 TFLOP/s against 271
+   measured by a shape search over 100-run means; Vista GH200 up to 977 against 829), and a
+   training step runs them back to back for hours. A capped
    call is flagged like an extrapolated one. Bytes are not capped: opspec's byte counts are
    first-order (no cache reuse), and the samples show elementwise operators beyond HBM
    bandwidth where their tensors sit in L2 (Perlmutter res_add 2.5 TB/s on a 2.0 TB/s part).
