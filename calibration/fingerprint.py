@@ -55,7 +55,9 @@ def fingerprint(device: str = "cpu") -> Dict[str, Any]:
                   capability=f"{props.major}.{props.minor}",
                   memory_bytes=int(props.total_memory),
                   cuda=torch.version.cuda,
-                  nccl=".".join(map(str, torch.cuda.nccl.version())) if _has_nccl() else None)
+                  nccl=".".join(map(str, torch.cuda.nccl.version())) if _has_nccl() else None,
+                  # fp32 matmuls as TF32 run several times faster: a timing fact of the device
+                  tf32=tf32_state("cuda", (props.major, props.minor))["tf32"])
     else:
         # On a GPU the host threads only launch kernels; there they would just split one
         # device into several ids (torchrun sets OMP_NUM_THREADS=1, a plain shell does not).
@@ -63,6 +65,32 @@ def fingerprint(device: str = "cpu") -> Dict[str, Any]:
                   torch_threads=torch.get_num_threads(),
                   omp_num_threads=os.environ.get("OMP_NUM_THREADS"))
     return fp
+
+
+def tf32_state(kind: str, capability=None) -> Dict[str, Any]:
+    """Whether fp32 matmuls run as TF32 in this process: {"tf32": True | False | None, "tf32_flags":
+    what it was read from}. None on a CPU (no TF32 there). On CUDA: torch.backends.cuda.matmul.
+    allow_tf32 (PyTorch's default off since 1.12; its getter already counts the override below
+    and torch.set_float32_matmul_precision), the environment variable
+    TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 (pytorch/pytorch PR #77114; NVIDIA's PyTorch containers set
+    it), and NVIDIA_TF32_OVERRIDE=0, which turns TF32 off in cuBLAS whatever the framework asks
+    (cuBLAS docs, cublasSetMathMode). A GPU before Ampere (capability < 8.0) has no TF32."""
+    if kind != "cuda":
+        return {"tf32": None, "tf32_flags": f"TF32 does not apply on {kind}"}
+    import torch
+    flags: Dict[str, Any] = {
+        "allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": os.environ.get("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"),
+        "NVIDIA_TF32_OVERRIDE": os.environ.get("NVIDIA_TF32_OVERRIDE"),
+    }
+    asked = (flags["allow_tf32"] or flags["TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"] == "1"
+             or flags["float32_matmul_precision"] != "highest")
+    on = asked and flags["NVIDIA_TF32_OVERRIDE"] != "0"
+    if capability is not None:
+        flags["capability"] = f"{capability[0]}.{capability[1]}"
+        on = on and tuple(capability) >= (8, 0)
+    return {"tf32": bool(on), "tf32_flags": flags}
 
 
 def _has_nccl() -> bool:

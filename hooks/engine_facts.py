@@ -98,8 +98,21 @@ def facts(engine) -> Dict[str, Any]:
         out["parts"] = None
         out["layer_names"] = None
     out["stage_label"] = stage_label(out["stage"] or 0, out["stages"] or 1)
+    out.update(tf32(out["device_type"], missing))  # what `report` prices an fp32 run's matmuls as
     out["missing"] = missing
     return out
+
+
+def tf32(device_type: str, missing: List[str]) -> Dict[str, Any]:
+    """{"tf32": whether this rank's fp32 matmuls run as TF32 (None: not on CUDA), "tf32_flags":
+    what was read (torch.backends.cuda.matmul.allow_tf32, TORCH_ALLOW_TF32_CUBLAS_OVERRIDE, ...)}."""
+    from neox_perf.calibration.fingerprint import tf32_state
+
+    def read():
+        import torch
+        cap = torch.cuda.get_device_capability() if device_type == "cuda" else None
+        return tf32_state(device_type, cap)
+    return _try(missing, "TF32 flags", read, {"tf32": None, "tf32_flags": "not read"})
 
 
 def _spec_name(spec) -> str:

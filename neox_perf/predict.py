@@ -23,6 +23,9 @@ __all__ = ["Prediction", "stage_shapes", "predict", "update_seconds", "load_clus
 class Prediction:
     decomposition: Decomposition  # what each stage runs, untimed
     estimate: IterationEstimate  # the timed iteration
+    # an fp32 run on a GPU: whether its matmuls were priced as TF32, who said so, and where the
+    # default was taken the other pricing's iteration (predictors/achievable.Fp32Matmuls)
+    fp32_matmuls: Optional[object] = None
 
     @property
     def iteration_seconds(self) -> float:
@@ -31,29 +34,53 @@ class Prediction:
 
 def predict(cfg, derived, profile: Profile, *, precision: Optional[str] = None,
             transformer_layers: Optional[Sequence[int]] = None,
-            timeline_events: bool = True) -> Prediction:
+            timeline_events: bool = True, tf32: Optional[bool] = None,
+            tf32_source: str = "") -> Prediction:
     """Time one training iteration of ``cfg`` (already derived) on ``profile``'s cluster.
 
     precision: what the run really computes in when that differs from the config (the
     reference workload runs fp32 on a CPU); default the config's.
     timeline_events: False for callers that read no event of the 1F1B timeline (the planner):
     the same prediction, its timeline's events left out.
+    tf32: whether an fp32 run's matmuls ran as TF32, where the caller knows (a hooked run's
+    record; tf32_source says so); default the cluster's, else achievable.DEFAULT_TF32. Where the
+    default is taken, the iteration is priced the other way too and the 80% interval reaches it.
     """
-    decomp, limits = _decomposed(cfg, derived, profile, precision, transformer_layers)
+    decomp, limits = _decomposed(cfg, derived, profile, precision, transformer_layers, tf32, tf32_source)
     if FP32_FROM_FP16 in decomp.notes:  # the samples were 16-bit only where limits rescaled them
         note = limits.note() if limits is not None else None
         decomp = replace(decomp, notes=tuple(note if n == FP32_FROM_FP16 else n
                                              for n in decomp.notes if n != FP32_FROM_FP16 or note))
-    return Prediction(decomp, estimate(decomp, profile, limits=limits, events=timeline_events))
+    est = estimate(decomp, profile, limits=limits, events=timeline_events)
+    matmuls = limits.fp32_matmuls if limits is not None else None
+    if matmuls is not None and not matmuls.known:
+        est, matmuls = _reach_the_other(decomp, profile, limits, est, matmuls)
+    return Prediction(decomp, est, matmuls)
 
 
-def _decomposed(cfg, derived, profile: Profile, precision=None, transformer_layers=None):
+def _reach_the_other(decomp, profile, limits, est, matmuls):
+    """(estimate, Fp32Matmuls) where nobody said how the fp32 run's matmuls run: the same
+    iteration priced the other way (TF32 <-> IEEE fp32), its 80% interval widened on that side
+    to reach it. A profile without an interval keeps none; the other price is still reported."""
+    from .predictors import achievable
+    other = achievable.other_limits(limits)
+    if other is None:
+        return est, matmuls
+    seconds = estimate(decomp, profile, limits=other, events=False).iteration_seconds
+    if est.interval_seconds:
+        lo, hi = est.interval_seconds
+        est = replace(est, interval_seconds=(min(lo, seconds), max(hi, seconds)))
+    return est, replace(matmuls, other_seconds=seconds)
+
+
+def _decomposed(cfg, derived, profile: Profile, precision=None, transformer_layers=None,
+                tf32: Optional[bool] = None, tf32_source: str = ""):
     from .predictors import achievable
     decomp = decompose(cfg, derived.padded_vocab, stage_shapes(derived, transformer_layers),
                        precision=precision)
     # one rule for every command: the run's precision priced on the profile's GPU, no call
     # faster than its achievable rate (refused in one line where that cannot be done honestly)
-    return decomp, achievable.limits(profile, decomp.precision)
+    return decomp, achievable.limits(profile, decomp.precision, tf32, tf32_source)
 
 
 def update_seconds(cfg, derived, profile: Profile):

@@ -28,6 +28,7 @@ class CheckResult:
     derived: Optional[object] = None  # DerivedModel, unless a blocking error stopped derivation
     decomposition: Optional[object] = None
     estimate: Optional[object] = None  # IterationEstimate, when a profile was given
+    fp32_matmuls: Optional[object] = None  # predictors.achievable.Fp32Matmuls of an fp32 run on a GPU
     verdicts: List[Verdict] = field(default_factory=list)
     suggestion: Optional[object] = None  # advice.Suggestion: a layout that fits, or a faster one
     no_layout: List[str] = field(default_factory=list)  # why no layout fits (out of memory)
@@ -76,6 +77,8 @@ class CheckResult:
                 parts.append(fits.message)
             if self.estimate is not None:
                 parts.append(f"{self.estimate.iteration_seconds:.3g} s per iteration")
+            if self.estimate is not None and self.fp32_matmuls is not None:
+                parts.append(self.fp32_matmuls.text())  # which pricing, and who said so
             if not parts:
                 parts.append("NeoX accepts this config (no --cluster: memory and time not judged)")
             if warnings:
@@ -137,7 +140,7 @@ def _plain(obj):
 def _facts(facts, name, network=None):
     if facts is None:
         return None
-    data = _plain(facts)
+    data = facts.to_dict()  # tf32 only where the profile knows it
     data["profile"] = name
     data["network"] = network.to_dict() if network is not None else None
     return data
@@ -198,6 +201,8 @@ def _prediction(result: CheckResult) -> Optional[dict]:
         "coverage": coverage_rows(est),
         "notes": list(result.decomposition.notes) if result.decomposition else [],
     }
+    if result.fp32_matmuls is not None:  # fp32 runs on a GPU only: 16-bit payloads stay as they were
+        out["fp32_matmuls"] = result.fp32_matmuls.to_dict()
     if d is not None:  # what NeoX's own log line would print for this iteration time
         from .neox_log import units
         neox = units(cfg, d.padded_vocab, est.iteration_seconds)

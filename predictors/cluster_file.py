@@ -27,7 +27,7 @@ TOPOLOGIES = ("nvswitch", "pointtopoint")
 
 @dataclass(frozen=True)
 class Key:
-    kind: str  # str | int | number | fraction | topology | gpu | strings
+    kind: str  # str | int | number | fraction | topology | gpu | strings | bool
     required: bool
     doc: str
 
@@ -53,6 +53,10 @@ KEYS: Dict[str, Key] = {
     "inter_node_efficiency": Key("fraction", False, "fraction of the NIC line rate NCCL reaches; default: "
                                                     "the base's when its network is the same, else "
                                                     "what InfiniBand NDR measured (vista-gh200)"),
+    # NGC's PyTorch containers (GPT-NeoX's Dockerfile builds on one) set
+    # TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 (pytorch/pytorch PR #77114); PyTorch alone leaves it off
+    "tf32": Key("bool", False, "true: fp32 matmuls run as TF32 here (NGC containers, NeoX's Dockerfile); "
+                               "false: IEEE fp32; unset: neox-perf's default, its interval reaching the other"),
     "base_gpu": Key("gpu", False, "the base profile's GPU, when its device name is not in the table"),
     "notes": Key("strings", False, "free-text lines copied into the report"),
 }
@@ -76,6 +80,7 @@ class ClusterDescription:
     base_gpu: Optional[gpus.GPU]
     notes: Tuple[str, ...]
     raw: Dict[str, Any]
+    tf32: Optional[bool] = None  # fp32 matmuls as TF32; None: not said (predictors/achievable.py)
 
     def base_path(self) -> str:
         """`base` as load_profile takes it: a bare name, or a path relative to this file."""
@@ -104,6 +109,10 @@ def _value(path, key: str, spec: Key, value: Any):
                 raise _fail(path, key, f"unknown GPU {value!r}{gpus.did_you_mean(value)}",
                             "use a name listed by `neox-perf clusters --gpus`")
             return found
+        return value
+    if spec.kind == "bool":
+        if not isinstance(value, bool):
+            raise _fail(path, key, f"must be true or false, got {value!r}", f"write {key}: true  (or false)")
         return value
     if spec.kind == "strings":
         if isinstance(value, str):
@@ -151,7 +160,8 @@ def parse(data: Any, path: Path) -> ClusterDescription:
         inter_node_link=values.get("inter_node_link", "network"),
         intra_node_efficiency=values.get("intra_node_efficiency"),
         inter_node_efficiency=values.get("inter_node_efficiency"),
-        base_gpu=values.get("base_gpu"), notes=values.get("notes", ()), raw=dict(data))
+        base_gpu=values.get("base_gpu"), notes=values.get("notes", ()), raw=dict(data),
+        tf32=values.get("tf32"))
 
 
 def read(path: Path) -> ClusterDescription:

@@ -5,7 +5,8 @@ Pure data and a lookup: `neox-perf check` reads this on its fast path.
 Conventions: memory is the data sheet's capacity read as GiB (HBM stacks come in powers of
 two; `nvidia-smi` shows 40960 MiB for a "40 GB" A100); bandwidths are GB/s (10^9 bytes/s);
 FLOP rates are dense (no 2:4 sparsity), fp16/bf16 on the tensor cores (AMD: matrix cores),
-fp32 on the vector units. `sms` counts streaming multiprocessors (NVIDIA) or compute units
+fp32 on the vector units, TF32 on the tensor cores (NVIDIA Ampere and later; data sheets print
+it with sparsity, "989*": the dense rate is half). `sms` counts streaming multiprocessors (NVIDIA) or compute units
 (AMD); `boost_mhz` is the peak clock. None where the data sheet does not state a figure.
 
 Beside each data-sheet peak, the ACHIEVABLE dense rate per precision (`achievable()`): the
@@ -65,6 +66,9 @@ class GPU:
     boost_mhz: Optional[int]
     source: str
     note: str = ""
+    # dense TF32 tensor-core rate (what fp32 matmuls run at where TF32 is allowed:
+    # predictors/achievable.py); None where the data sheet gives none (AMD, the DGX B200 sheet)
+    tf32_tflops: Optional[float] = None
 
     @property
     def memory_bytes(self) -> int:
@@ -76,9 +80,10 @@ class GPU:
         return self.fp16_tflops * 1e12 / (self.hbm_gbps * 1e9)
 
     def peak_tflops(self, precision: str) -> Optional[float]:
-        """The data sheet's dense rate for a precision (None for TF32: not in this table)."""
+        """The data sheet's dense rate for a precision (None where the data sheet gives none)."""
         key = precision_key(precision)
-        return {"fp16": self.fp16_tflops, "bf16": self.fp16_tflops, "fp32": self.fp32_tflops}.get(key)
+        return {"fp16": self.fp16_tflops, "bf16": self.fp16_tflops, "tf32": self.tf32_tflops,
+                "fp32": self.fp32_tflops}.get(key)
 
     def achievable(self, precision: str) -> Optional[Rate]:
         """The measured (or visibly derived) dense GEMM rate for a precision; None where no
@@ -97,19 +102,24 @@ _A100 = "NVIDIA A100 Tensor Core GPU Datasheet (2021)"
 _H100 = "NVIDIA H100 Tensor Core GPU Datasheet (2023)"
 
 GPUS: Tuple[GPU, ...] = (
-    GPU("A100-SXM4-40GB", "NVIDIA", 40, "HBM2", 1555, 312, 19.5, 108, 1410, _A100),
-    GPU("A100-SXM4-80GB", "NVIDIA", 80, "HBM2e", 2039, 312, 19.5, 108, 1410, _A100),
+    # TF32: A100 156 (312 with sparsity); H100 SXM5 989* and PCIe 756* halved, 494.7 and 378
+    # dense in NVIDIA's H100 Tensor Core GPU Architecture whitepaper (Table 1); H200 and GH200
+    # 989* (the same GH100 at the same clocks); L40S 366*
+    GPU("A100-SXM4-40GB", "NVIDIA", 40, "HBM2", 1555, 312, 19.5, 108, 1410, _A100, tf32_tflops=156),
+    GPU("A100-SXM4-80GB", "NVIDIA", 80, "HBM2e", 2039, 312, 19.5, 108, 1410, _A100, tf32_tflops=156),
     GPU("A100-PCIe-80GB", "NVIDIA", 80, "HBM2e", 1935, 312, 19.5, 108, 1410, _A100,
-        "300 W board: sustained clocks sit below the SXM4 part's under load"),
-    GPU("H100-SXM5-80GB", "NVIDIA", 80, "HBM3", 3350, 989, 67, 132, 1980, _H100),
-    GPU("H100-PCIe-80GB", "NVIDIA", 80, "HBM2e", 2000, 756, 51, 114, 1755, _H100),
+        "300 W board: sustained clocks sit below the SXM4 part's under load", tf32_tflops=156),
+    GPU("H100-SXM5-80GB", "NVIDIA", 80, "HBM3", 3350, 989, 67, 132, 1980, _H100, tf32_tflops=494.7),
+    GPU("H100-PCIe-80GB", "NVIDIA", 80, "HBM2e", 2000, 756, 51, 114, 1755, _H100, tf32_tflops=378),
     GPU("H200-SXM-141GB", "NVIDIA", 141, "HBM3e", 4800, 989, 67, 132, 1980,
-        "NVIDIA H200 Tensor Core GPU Datasheet (2024)"),
+        "NVIDIA H200 Tensor Core GPU Datasheet (2024)", tf32_tflops=494.7),
     GPU("GH200-96GB", "NVIDIA", 96, "HBM3", 4000, 989, 67, 132, 1980,
         "NVIDIA GH200 Grace Hopper Superchip Datasheet (2023)",
-        "the GPU of the superchip; the device name says 120GB after the Grace CPU's LPDDR5X"),
+        "the GPU of the superchip; the device name says 120GB after the Grace CPU's LPDDR5X",
+        tf32_tflops=494.7),
     GPU("L40S", "NVIDIA", 48, "GDDR6", 864, 362, 91.6, 142, 2520,
-        "NVIDIA L40S GPU for AI and Graphics Datasheet (2023)", "GDDR6, no NVLink: PCIe between GPUs"),
+        "NVIDIA L40S GPU for AI and Graphics Datasheet (2023)", "GDDR6, no NVLink: PCIe between GPUs",
+        tf32_tflops=183),
     GPU("B200", "NVIDIA", 180, "HBM3e", 8000, 2250, 75, None, None,
         "NVIDIA DGX B200 Datasheet (2024), per GPU (1,440 GB, 72/36 PFLOPS sparse over 8 GPUs)",
         "SM count and clock are not in the data sheet"),
@@ -140,6 +150,17 @@ def _derived(sibling: str, why: str) -> Dict[str, Rate]:
             for k, r in ACHIEVABLE[sibling].items()}
 
 
+def _tf32_of_board(sibling: str, bf16: float) -> Rate:
+    """TF32 of a PCIe board from its SXM sibling's measured TF32, scaled by the two boards'
+    measured bf16 rates: TF32 runs on the same tensor cores, at the clocks the board's power
+    limit leaves, which its measured bf16 rate shows and its data sheet does not (the A100
+    PCIe's sheet says 156 like the SXM4's)."""
+    tf32, ref = ACHIEVABLE[sibling]["tf32"], ACHIEVABLE[sibling]["bf16"]
+    return Rate(round(tf32.tflops * bf16 / ref.tflops, 2),
+                f"derived from {sibling}'s measured TF32 {tf32.tflops:g} x the two boards' measured "
+                f"bf16 ratio {bf16:g}/{ref.tflops:g} (same tensor cores; {tf32.source})", False)
+
+
 ACHIEVABLE: Dict[str, Dict[str, Rate]] = {}
 ACHIEVABLE["A100-SXM4-80GB"] = {
     "bf16": Rate(271.2, f"{_MAMF}; v2 table, NVIDIA A100 SXM, torch 2.6.0+cu126"),
@@ -154,6 +175,7 @@ ACHIEVABLE["A100-SXM4-40GB"] = _derived("A100-SXM4-80GB", "the same GA100 SXM4 p
 ACHIEVABLE["A100-PCIe-80GB"] = {
     "bf16": Rate(252.9, f"{_MAMF}; v2 table, NVIDIA A100 PCIe, torch 2.5.1+cu124"),
     "fp16": Rate(252.9, _SAME_RATE, False),
+    "tf32": _tf32_of_board("A100-SXM4-80GB", 252.9),
     "fp32": Rate(18.88, "Yinghan-Li/YHs_Sample issue #4 (GitHub): cuBLAS SGEMM on an A100 80GB "
                         "PCIe, 5120x4096x4096"),
 }
@@ -168,6 +190,7 @@ ACHIEVABLE["H100-PCIe-80GB"] = {
     "bf16": Rate(499.5, "mag-/gpu_benchmark README (GitHub): mamf-finder.py with an Optuna shape "
                         "search, NVIDIA H100 PCIe"),
     "fp16": Rate(499.5, _SAME_RATE, False),
+    "tf32": _tf32_of_board("H100-SXM5-80GB", 499.5),
     "fp32": Rate(round(51.88 * 51 / 67, 2), "derived from H100-SXM5-80GB's measured 51.88 x the data "
                  "sheets' fp32 ratio 51/67 (same GH100 die, fewer SMs and a lower clock)", False),
 }

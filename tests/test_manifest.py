@@ -163,6 +163,7 @@ BAD = [
     (("engine",), {"optimizer_step": {"coef": {"t0": "fast"}}}, "engine.optimizer_step"),
     (("validation",), {"runs": [{"config": "/a.yml", "measured": 1.0}]}, "validation.runs[0]"),
     (("calibration",), {"dtype": "fp32", "threads": "many"}, "calibration.threads"),
+    (("facts", "tf32"), "yes", "facts"),
     (("disturbance",), {"flagged": "yes"}, "disturbance.flagged"),
     (("disturbance",), {"flagged": True, "disturbed": "some"}, "disturbance.disturbed"),
 ]
@@ -179,3 +180,19 @@ def test_a_malformed_key_is_one_line_naming_the_file_and_the_key(tmp_path, keys,
         load_profile(d)
     line = err.value.line()
     assert "\n" not in line and f"{d / 'manifest.json'}: {where}" in line and "(fix: " in line, line
+
+
+@pytest.mark.parametrize("tf32", [True, False])
+def test_facts_tf32_is_written_where_known_and_absent_where_not(tf32):
+    """`calibrate` on a GPU records whether its fp32 matmuls ran as TF32 (facts.tf32); a
+    manifest without the key (the bundled ones, a CPU calibration) reads None and writes none."""
+    from neox_perf.predictors.fitting.store_samples import measured_facts
+    path, text = _bundled("vista-gh200")
+    data = json.loads(text)
+    assert "tf32" not in data["facts"] and Manifest.parse(data).facts.tf32 is None
+    data["facts"]["tf32"] = tf32
+    m = Manifest.parse(data)
+    assert m.facts.tf32 is tf32 and m.to_dict()["facts"]["tf32"] is tf32
+    gpu, _ = measured_facts("g", {"kind": "cuda", "device_name": "NVIDIA H100 80GB HBM3", "tf32": tf32}, {}, 1)
+    cpu, _ = measured_facts("c", {"kind": "cpu", "device_name": "a CPU", "tf32": tf32}, {}, 1)
+    assert gpu.tf32 is tf32 and cpu.tf32 is None and "tf32" not in cpu.to_dict()

@@ -1,12 +1,13 @@
 """No prediction implies more FLOP/s per GPU than the GPU can sustain (issue #24, section 4).
 
 Every shipped config (neox_perf/examples/*.yml, and GPT-NeoX's own configs under
-../shared/data/gpt-neox-configs when present) x every GPU in the table x fp16 / bf16 / fp32,
+../shared/data/gpt-neox-configs when present) x every GPU in the table x fp16 / bf16 / fp32
+with IEEE matmuls / fp32 with TF32 matmuls / fp32 as the cluster leaves it (the default),
 predicted through `predict.predict` (the path check, plan, validate and the hook share):
 model FLOPs per iteration / predicted seconds / GPUs <= the GPU's achievable dense rate for
-that precision (gpus.Rate; the data-sheet peak for the one row without a measured figure,
-L40S, named below so that fallback cannot spread unseen). A GPU the table cannot price fp32
-on refuses the fp32 run in one line instead.
+the precision its matmuls run in (gpus.Rate; the data-sheet peak for the one row without a
+measured figure, L40S, named below so that fallback cannot spread unseen). A GPU the table
+cannot price fp32 (or TF32) on refuses the run in one line instead.
 
 Layouts, sampled: each config at its own pipeline and tensor-parallel sizes with data
 parallel 2, and the same model as plain data parallel 2 (no pipeline engine, no tensor
@@ -40,6 +41,9 @@ PRECISIONS = {
     "bf16": {"fp16": {"enabled": False}, "bf16": {"enabled": True}, "precision": None},
     "fp32": {"fp16": {"enabled": False}, "bf16": {"enabled": False}, "precision": None},
 }
+# how an fp32 run's matmuls are priced: as IEEE fp32, as TF32, and as the cluster leaves it
+# (achievable.DEFAULT_TF32); the bound is the rate of the precision they ran in
+FP32_MATMULS = {"fp32": False, "tf32": True, "default": None}
 NO_ACHIEVABLE_FIGURE = {"L40S"}  # bounded by the data sheet: see docs/achievable-rates.md
 
 
@@ -108,31 +112,37 @@ def _check(paths):
                     continue
                 cfg, derived = built[prof.facts.gpus_per_node]
                 gpu = achievable.gpu_of(prof)
-                try:
-                    pred = predict(cfg, derived, prof)
-                except NeoxPerfError as exc:
-                    line = exc.line()
-                    assert precision == "fp32" and "\n" not in line and "no measured" in line, line
-                    refused.add((gpu.name, precision))
-                    continue
-                rate = gpu.achievable(precision)
-                limit = rate.tflops if rate is not None else gpu.peak_tflops(precision)
-                assert (rate is None) == (gpu.name in NO_ACHIEVABLE_FIGURE)
-                per_gpu = _flops_run(cfg, derived) / pred.estimate.iteration_seconds / cfg.parallel.world_size / 1e12
-                assert per_gpu <= limit * (1 + 1e-9), (
-                    f"{label} on {prof.name}: {per_gpu:.1f} TFLOP/s per GPU > {gpu.name}'s {limit:g} ({precision})")
-                seen.add((gpu.name, precision))
-                worst[(gpu.name, precision)] = max(worst.get((gpu.name, precision), 0.0), per_gpu / limit)
+                for way, tf32 in (FP32_MATMULS.items() if precision == "fp32" else [(precision, None)]):
+                    try:
+                        pred = predict(cfg, derived, prof, tf32=tf32)
+                    except NeoxPerfError as exc:
+                        line = exc.line()
+                        assert precision == "fp32" and "\n" not in line and (
+                            "no measured" in line or "no TF32 rate" in line), line
+                        refused.add((gpu.name, way))
+                        continue
+                    ran = way
+                    if way == "default":  # the default's pricing, as the prediction says it took it
+                        assert pred.fp32_matmuls is not None and not pred.fp32_matmuls.known
+                        ran = "tf32" if pred.fp32_matmuls.tf32 else "fp32"
+                    rate = gpu.achievable(ran)
+                    limit = rate.tflops if rate is not None else gpu.peak_tflops(ran)
+                    assert (rate is None) == (gpu.name in NO_ACHIEVABLE_FIGURE)
+                    per_gpu = _flops_run(cfg, derived) / pred.estimate.iteration_seconds / cfg.parallel.world_size / 1e12
+                    assert per_gpu <= limit * (1 + 1e-9), (
+                        f"{label} ({way}) on {prof.name}: {per_gpu:.1f} TFLOP/s per GPU > {gpu.name}'s {limit:g} ({ran})")
+                    seen.add((gpu.name, way))
+                    worst[(gpu.name, way)] = max(worst.get((gpu.name, way), 0.0), per_gpu / limit)
     return seen, refused, worst
 
 
 def _assert_covered(seen, refused):
     for g in gpus.GPUS:
-        for precision in PRECISIONS:
-            if precision == "fp32" and g.achievable("fp32") is None:
-                assert (g.name, precision) in refused and (g.name, precision) not in seen, g.name
+        for way in ("fp16", "bf16", *FP32_MATMULS):
+            if way in FP32_MATMULS and g.achievable("fp32") is None or way == "tf32" and g.achievable("tf32") is None:
+                assert (g.name, way) in refused and (g.name, way) not in seen, (g.name, way)
             else:
-                assert (g.name, precision) in seen, (g.name, precision)
+                assert (g.name, way) in seen, (g.name, way)
 
 
 def test_shipped_examples_never_beat_the_achievable_rate():
@@ -151,8 +161,9 @@ def test_gpt_neox_configs_never_beat_the_achievable_rate(neox_configs):
 
 @pytest.mark.skipif(not NEOX_CONFIGS.is_dir(), reason="../shared/data/gpt-neox-configs is not present")
 def test_an_fp32_llama_is_priced_at_fp32_not_from_fp16_samples():
-    """NeoX's llama2 configs set neither fp16 nor bf16: their matmuls run in IEEE fp32 (NeoX
-    never enables TF32, PyTorch leaves it off), at ~19 TFLOP/s on an A100, not 271."""
+    """NeoX's llama2 configs set neither fp16 nor bf16: they train in fp32. With IEEE fp32
+    matmuls (PyTorch's default, no NGC container) at ~19 TFLOP/s on an A100, not 271; with
+    TF32 matmuls (NVIDIA's containers) between that and TF32's 134.2."""
     raw = load_files([str(NEOX_CONFIGS / "llama2" / "7B.yml")])
     values = dict(raw.values, train_micro_batch_size_per_gpu=4)
     cfg, _, _ = build(RawConfig(values=values, sources=dict(raw.sources), files=list(raw.files)),
@@ -160,7 +171,9 @@ def test_an_fp32_llama_is_priced_at_fp32_not_from_fp16_samples():
     assert cfg.training.precision == "fp32"
     derived = derive(cfg, 32000)
     dgx = load_profile(str(EXAMPLES / "clusters" / "dgx-a100.yml"))
-    pred = predict(cfg, derived, dgx)
-    per_gpu = derived.flops.model_per_iteration / pred.estimate.iteration_seconds / 8 / 1e12
-    assert 5 < per_gpu <= 19.18
-    assert any("fp32 run priced from fp16 operator samples" in n for n in pred.decomposition.notes)
+    rates = {}
+    for tf32 in (False, True):
+        pred = predict(cfg, derived, dgx, tf32=tf32)
+        rates[tf32] = derived.flops.model_per_iteration / pred.estimate.iteration_seconds / 8 / 1e12
+        assert any("fp32 run priced from fp16 operator samples" in n for n in pred.decomposition.notes)
+    assert 5 < rates[False] <= 19.18 < rates[True] <= 134.2

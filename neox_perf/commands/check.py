@@ -65,6 +65,7 @@ def run_check(args) -> CheckResult:
         from ..predict import predict
         prediction = predict(cfg, derived, profile)
         result.decomposition = prediction.decomposition
+        result.fp32_matmuls = prediction.fp32_matmuls
         est = result.estimate = prediction.estimate
         verdicts = [v for v in verdicts if v.code != "tensor_parallel_across_nodes"]
         hardware = (advice.tensor_parallel_verdicts(cfg, est)

@@ -7,7 +7,7 @@ fastest rate its samples reached: predictors/fitting/store_samples.measured_fact
 from __future__ import annotations
 
 from dataclasses import MISSING, asdict, dataclass, fields
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 
 @dataclass(frozen=True)
@@ -30,9 +30,16 @@ class ClusterFacts:
     # Where the operator samples behind the predictions were measured, when not on this GPU
     # (a cluster description transferred from a sampled profile); "" for a sampled profile.
     samples_from: str = ""
+    # Whether the calibrated machine ran fp32 matmuls as TF32 (torch.backends.cuda.matmul.allow_tf32,
+    # TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1: `calibrate` on CUDA records it); None: not known, or no
+    # TF32 there (a CPU). Absent from the manifest when None, so older manifests round-trip.
+    tf32: Optional[bool] = None
 
     def to_dict(self) -> Dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if self.tf32 is None:
+            del out["tf32"]
+        return out
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> "ClusterFacts":
@@ -44,4 +51,6 @@ class ClusterFacts:
         values = {k: data[k] for k in names if k in data}
         values["intra_node_link"] = Link(**data["intra_node_link"])
         values["inter_node_link"] = Link(**data["inter_node_link"])
+        if values.get("tf32") is not None and not isinstance(values["tf32"], bool):
+            raise ValueError(f"tf32 must be true, false or absent, got {values['tf32']!r}")
         return cls(**values)

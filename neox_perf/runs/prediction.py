@@ -104,7 +104,8 @@ def predict(record, facts, profile) -> Dict[str, Any]:
         return out
     from neox_perf.predict import predict as pipeline
     try:
-        p = pipeline(cfg, derived, profile, transformer_layers=engine_layer_counts(derived, facts))
+        p = pipeline(cfg, derived, profile, transformer_layers=engine_layer_counts(derived, facts),
+                     tf32=facts.get("tf32"), tf32_source=tf32_source(facts))
         decomp, est = p.decomposition, p.estimate
     except Exception as exc:  # a profile without some operator, a layout it cannot place
         line = getattr(exc, "line", None)
@@ -122,7 +123,41 @@ def predict(record, facts, profile) -> Dict[str, Any]:
         "extrapolated": [f"{f.what}: {f.reason}" for f in est.flags],
     })
     out["notes"].extend(decomp.notes)
+    if p.fp32_matmuls is not None:
+        out["fp32_matmuls"] = p.fp32_matmuls.to_dict()
+        differs = tf32_differs(profile, facts)
+        if differs:
+            out["notes"].append(differs)
     return out
+
+
+def tf32_source(facts: Dict[str, Any]) -> str:
+    """Where a hooked run's TF32 fact came from, in a few words (hooks/engine_facts.tf32)."""
+    if facts.get("tf32") is None:
+        return ""
+    flags = facts.get("tf32_flags") if isinstance(facts.get("tf32_flags"), dict) else {}
+    env = flags.get("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE")
+    said = [f"torch.backends.cuda.matmul.allow_tf32 {flags.get('allow_tf32')}",
+            f"TORCH_ALLOW_TF32_CUBLAS_OVERRIDE={env}" if env is not None else "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE unset"]
+    if flags.get("NVIDIA_TF32_OVERRIDE") is not None:
+        said.append(f"NVIDIA_TF32_OVERRIDE={flags['NVIDIA_TF32_OVERRIDE']}")
+    return "the run: " + ", ".join(said)
+
+
+def tf32_differs(profile, facts: Dict[str, Any]) -> str:
+    """One line where a hooked fp32 run's matmuls (TF32 or IEEE) differ from what `check`
+    assumes on its cluster; "" where they agree or the run did not say."""
+    if facts.get("tf32") is None or (facts.get("dtype") or "fp32") != "fp32":
+        return ""
+    from neox_perf.predictors import achievable
+    if achievable.gpu_of(profile) is None:
+        return ""
+    assumed = achievable.fp32_matmuls(profile)
+    if assumed.tf32 == bool(facts["tf32"]):
+        return ""
+    had = "TF32" if facts["tf32"] else "IEEE fp32"
+    return (f"TF32: the run had fp32 matmuls as {had} ({tf32_source(facts)}); `check` on {profile.name} "
+            f"assumes {assumed.name} ({assumed.source}); priced here as the run had them")
 
 
 def decomposition(record, facts, profile):

@@ -132,6 +132,9 @@ def recalibrate_from_run(run_dir: str, profile, out_dir: str, name: Optional[str
         # the corrected operator models now predict the run's calls in the run's element type:
         # an fp32 run's level is not priced again from 16-bit samples (predictors/achievable.py)
         "dtype": dtypes.pop() if len(dtypes) == 1 else None})
+    tf32 = (job[0].get("facts") or {}).get("tf32")
+    if tf32 is not None:  # and the matmuls the run had, TF32 or IEEE (hooks/engine_facts.tf32)
+        recalibrated["tf32"] = bool(tf32)
     # the corrected models stand on their own: no transfer section
     manifest = replace(manifest, name=name, operators=operators, collectives=collectives, transfer=None,
                        step_terms=section,

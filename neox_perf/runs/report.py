@@ -340,6 +340,9 @@ def build(run_dir: str, cluster: Optional[str] = None, profile=None, top: int = 
         notes.append(f"this run ran on CPU; profile {profile.name} models "
                      f"{profile.facts.gpu_name}: expect large errors")
     launched = _launch_record(run_dir)
+    predicted = {k: pred.get(k) for k in ("profile", "breakdown", "extrapolated", "critical_stage")}
+    if pred.get("fp32_matmuls"):  # an fp32 run on a GPU: priced with the matmuls the run had
+        predicted["fp32_matmuls"] = pred["fp32_matmuls"]
     return {
         "run_dir": run_dir, "job": ref.get("job"),
         # not "command"/"exit_code": the JSON envelope's own keys
@@ -360,7 +363,7 @@ def build(run_dir: str, cluster: Optional[str] = None, profile=None, top: int = 
         "coverage": _coverage(ranks),
         "windows": {"setting": ref.get("windows_setting"),
                     "iterations_profiled": {s["rank"]: s.get("window_iterations") for s in ranks}},
-        "prediction": {k: pred.get(k) for k in ("profile", "breakdown", "extrapolated", "critical_stage")},
+        "prediction": predicted,
         "memory": _memory(ranks, ref, notes, iters.get("median")),
         "samples": _samples(run_dir),
         "notes": list(dict.fromkeys(notes + (pred.get("notes") or []))),

@@ -74,6 +74,8 @@ def measured_facts(name: str, fingerprint: dict, sets, gpus_per_node: int) -> Tu
         inter_node_link=Link("not measured (one-node calibration)", wire / 1e9, 1),
         peak_fp16_tflops=flops / 1e12,
         hbm_bandwidth_gbps=nbytes / 1e9,
+        # whether its fp32 matmuls ran as TF32 (calibration/fingerprint.tf32_state); a CPU has no TF32
+        tf32=None if cpu or fingerprint.get("tf32") is None else bool(fingerprint["tf32"]),
     )
     what = "CPU stand-in for a GPU" if cpu else "GPU"
     notes = [

@@ -88,9 +88,9 @@ def test_fp32_is_refused_in_one_line_where_no_fp32_rate_is_known(gpu):
 
 def test_fp32_from_fp16_samples_and_a_cpu_calibration():
     h100 = _stand_in("H100-SXM5-80GB", "h.yml")
-    limits = achievable.limits(h100, "fp32")
+    limits = achievable.limits(h100, "fp32", tf32=False)
     assert limits.rescale_tflops == (794.5, 51.88) and limits.cap_tflops == 51.88
-    assert "IEEE fp32" in limits.note() and "allow_tf32" in limits.note()
+    assert "matmuls as IEEE fp32" in limits.note()
     gemm, norm = _call(), _call("layernorm", "fwd", tokens=16384, d=6144)
     # mostly compute-bound: the fp16 time carries ~7% of byte time that only doubles
     assert limits.rescaled(gemm, 1.0) == pytest.approx(794.5 / 51.88, rel=0.06)
@@ -103,7 +103,7 @@ def test_fp32_from_fp16_samples_and_a_cpu_calibration():
     # the model's fixed cost (launch and framework overhead) is the same in either element type
     launched = _stand_in("H100-SXM5-80GB", "l", operators={"linear3": {"fwd": ModelEntry(
         baseline=Baseline(("t0", "flops", "bytes"), (2e-5, 1e-15, 0.0)))}})
-    with_t0 = achievable.limits(launched, "fp32")
+    with_t0 = achievable.limits(launched, "fp32", tf32=False)
     ratio = limits.rescaled(gemm, 1.0)
     assert with_t0.rescaled(gemm, 1e-3) == pytest.approx(2e-5 + (1e-3 - 2e-5) * ratio)
     assert with_t0.rescaled(gemm, 1e-5) == pytest.approx(1e-5)  # all of it fixed cost
@@ -118,7 +118,81 @@ def test_fp32_from_fp16_samples_and_a_cpu_calibration():
 def test_mfu_is_quoted_against_the_runs_precision():
     dgx = load_profile("perlmutter-a100")
     assert achievable.mfu_peak_tflops(dgx, "fp16") == 312
-    assert achievable.mfu_peak_tflops(dgx, "fp32") == 19.5
+    assert achievable.mfu_peak_tflops(dgx, "fp32", tf32=False) == 19.5
+    assert achievable.mfu_peak_tflops(dgx, "fp32", tf32=True) == 156  # the A100's dense TF32
+
+
+# ---- TF32: an fp32 run's matmuls on the tensor cores -----------------------------------
+
+def test_tf32_is_a_third_pricing_of_fp32_matmuls():
+    """tf32 on: the matmul operators move from fp16's rate to TF32's, not IEEE fp32's; bytes
+    and the vector-unit operators are priced as for IEEE fp32; the cap is TF32's rate."""
+    h100 = _stand_in("H100-SXM5-80GB", "h.yml")
+    tf32, ieee = achievable.limits(h100, "fp32", tf32=True), achievable.limits(h100, "fp32", tf32=False)
+    assert tf32.rescale_tflops == (794.5, 402.15) and tf32.cap_tflops == 402.15 and tf32.matmul == "tf32"
+    assert ieee.matmul == "fp32" and "matmuls as TF32" in tf32.note()
+    gemm, norm = _call(), _call("layernorm", "fwd", tokens=16384, d=6144)
+    assert tf32.rescaled(gemm, 1.0) == pytest.approx(794.5 / 402.15, rel=0.06)
+    assert tf32.rescaled(gemm, 1.0) < ieee.rescaled(gemm, 1.0) / 5  # 402 vs 52 TFLOP/s
+    assert tf32.rescaled(norm, 1.0) == pytest.approx(ieee.rescaled(norm, 1.0))  # memory-bound: unchanged
+    # never faster than TF32's achievable rate, wherever the samples put it
+    seconds, why = tf32.capped(gemm, gemm.flops / 600e12)
+    assert seconds == pytest.approx(gemm.flops / 402.15e12) and "achievable tf32 rate" in why
+    assert tf32.fp32_matmuls.known and tf32.fp32_matmuls.source == "tf32: true"
+    # 16-bit runs know nothing of it
+    assert achievable.limits(h100, "bf16", tf32=True).fp32_matmuls is None
+
+
+def _description(tmp_path, **keys):
+    from neox_perf.predictors import cluster_file, transfer
+    base = load_profile("perlmutter-a100-80gb")
+    data = {"name": "d", "base": base.name, "gpu": "A100-SXM4-80GB", "gpus_per_node": 8,
+            "intra_node_GBps": 300, "inter_node_Gbps": 1600, **keys}
+    desc = cluster_file.parse(data, tmp_path / "d.yml")
+    return transfer.TransferredProfile(desc, base, transfer.base_gpu_of(desc, base))
+
+
+def test_where_tf32_comes_from(tmp_path):
+    """The description's key, else a calibrated profile's facts, else the default (TF32, its
+    reason named); a GPU without a TF32 rate takes IEEE fp32, and refuses a tf32: true."""
+    on = achievable.fp32_matmuls(_description(tmp_path, tf32=True))
+    off = achievable.fp32_matmuls(_description(tmp_path, tf32=False))
+    unsaid = achievable.fp32_matmuls(_description(tmp_path))
+    assert (on.tf32, on.known, on.source) == (True, True, "cluster description d.yml tf32: true")
+    assert (off.tf32, off.known) == (False, True) and "tf32: false" in off.source
+    assert (unsaid.tf32, unsaid.known) == (achievable.DEFAULT_TF32, False)
+    assert "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1" in unsaid.source and unsaid.source.startswith("default:")
+    # the run's own record wins over the cluster's
+    assert achievable.fp32_matmuls(_description(tmp_path, tf32=True), False, "the run").tf32 is False
+    calibrated = _stand_in("A100-SXM4-80GB")
+    calibrated.facts.tf32, calibrated.name = False, "mine"
+    mm = achievable.fp32_matmuls(calibrated)
+    assert (mm.tf32, mm.known) == (False, True) and "profile mine" in mm.source
+    b200 = _stand_in("B200", "b.yml")
+    assert achievable.fp32_matmuls(b200).tf32 is False and "no TF32 rate for B200" in achievable.fp32_matmuls(b200).source
+    with pytest.raises(ProfileError) as err:
+        achievable.limits(b200, "fp32", tf32=True)
+    assert "\n" not in err.value.line() and "no TF32 rate" in err.value.line() and "tf32: false" in err.value.line()
+    from neox_perf.predictors import cluster_file
+    with pytest.raises(ProfileError, match="tf32: must be true or false"):
+        cluster_file.parse({"name": "d", "base": "b", "gpu": "A100-SXM4-80GB", "gpus_per_node": 1,
+                            "inter_node_Gbps": 200, "tf32": "yes"}, tmp_path / "d.yml")
+
+
+def test_fp32_samples_calibrated_with_tf32_are_tf32_matmul_samples():
+    """A profile calibrated in fp32 with TF32 on predicts TF32 matmuls: a TF32 run takes them
+    as they are, an IEEE run is rescaled from TF32's rate down to fp32's, and back."""
+    cal = Calibration(dtype="fp32", device="cuda")
+    on = _stand_in("H100-SXM5-80GB", "c", calibration=cal)
+    on.facts.tf32 = True
+    assert achievable.limits(on, "fp32", tf32=True).rescale_tflops is None
+    assert achievable.limits(on, "fp32", tf32=False).rescale_tflops == (402.15, 51.88)
+    off = _stand_in("H100-SXM5-80GB", "c", calibration=cal)
+    off.facts.tf32 = False
+    assert achievable.limits(off, "fp32", tf32=True).rescale_tflops == (51.88, 402.15)
+    # a level correction to a run that recorded its TF32
+    corrected = _stand_in("H100-SXM5-80GB", "c", provenance=Provenance(recalibrated={"dtype": "fp32", "tf32": True}))
+    assert achievable.limits(corrected, "fp32", tf32=False).rescale_tflops == (402.15, 51.88)
 
 
 # ---- cleaning -------------------------------------------------------------------------

@@ -78,7 +78,7 @@ def test_clusters_gpus_json_keys():
     assert code == exitcodes.OK and data["schema"] == "neox-perf/clusters/v1" and "profiles" not in data
     names = [g["name"] for g in data["gpus"]]
     assert {"A100-SXM4-40GB", "GH200-96GB", "MI300X", "B200"} <= set(names)
-    keys = {"name", "vendor", "memory_gib", "memory_bytes", "memory_type", "hbm_gbps", "fp16_tflops",
+    keys = {"name", "vendor", "memory_gib", "memory_bytes", "memory_type", "hbm_gbps", "fp16_tflops", "tf32_tflops",
             "fp32_tflops", "sms", "boost_mhz", "source", "note", "ridge_flops_per_byte", "achievable_tflops"}
     for g in data["gpus"]:
         assert set(g) == keys and g["source"]
