@@ -263,7 +263,8 @@ class _Stage:
     def stage_input(self) -> float:
         """What a micro-batch's forward makes before the first block: the embedding's kept
         tensors and _pre_transformer_block's transposed copy (first stage), or the forward's
-        clone of the received activation and mask (later stages)."""
+        clone of the received activation and mask (later stages; pipe-partitioned, the rebuilt
+        activation the slot holds)."""
         m, tok = self.model, self.ctx.tokens
         if self.first:
             out = self.embedding + self.ctx.hidden + 8 * tok  # + the token ids embedding keeps
