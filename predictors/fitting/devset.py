@@ -195,7 +195,7 @@ BLOOM_VOCAB = 250680  # BLOOM's tokenizer; padded by Megatron's rule to the file
 BLOOM_ASSUMPTIONS = ("BLOOM architecture in NeoX terms: ALiBi positions, LayerNorm, GeLU, tied "
                      "embeddings, fused softmax (the embedding LayerNorm, one norm per step, is "
                      "left out); fp16 unless the row says bf16; bf16 rows run DeepSpeed's "
-                     "BF16_Optimizer, priced as ZeRO-1; activation checkpointing; dropout at "
+                     "BF16_Optimizer (grad_accum_dtype fp32); activation checkpointing; dropout at "
                      "Megatron's default; stages split the transformer layers evenly "
                      "(GPTModelPipe's partition); the stage hidden states alone cross a stage "
                      "boundary (no mask)")
