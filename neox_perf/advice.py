@@ -249,9 +249,10 @@ def _suggestion(reason, plan, planner, started, user_gpus, user=None) -> Optiona
 STATE_BYTES_PER_PARAMETER = 16
 
 
-def fewest_gpus(params: int, capacity: int, headroom: float = 0.9) -> int:
-    """GPUs the model states alone need when every byte of them is sharded: a lower bound."""
-    return max(1, -(-params * STATE_BYTES_PER_PARAMETER // int(headroom * capacity)))
+def fewest_gpus(params: int, capacity: int, memory_limit: float = 0.9) -> int:
+    """GPUs the model states alone need when every byte of them is sharded, each GPU filled to
+    `memory_limit` of its capacity: a lower bound."""
+    return max(1, -(-params * STATE_BYTES_PER_PARAMETER // int(memory_limit * capacity)))
 
 
 def fitting_layout(raw, cfg: NeoxConfig, profile, raw_vocab: int, gpus_per_node=None,

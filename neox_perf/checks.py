@@ -98,31 +98,42 @@ def stage_verdicts(cfg: NeoxConfig, transformer_layers: Sequence[int]) -> List[V
     return out
 
 
-def memory_verdicts(stage_bytes: Sequence[int], capacity: Optional[int], gpu: str,
-                    fix: Optional[str] = None, key: str = "train_micro_batch_size_per_gpu",
+def memory_verdicts(fit, stage_bytes: Sequence[int], gpu: str, fix: Optional[str] = None,
+                    key: str = "train_micro_batch_size_per_gpu",
                     quiet_when_fits: bool = False) -> List[Verdict]:
-    """`stage_bytes`: each stage's predicted device total (what nvidia-smi will show);
-    `capacity`: what CUDA lets one process allocate on the GPU. `fix`, `key`: what to change
-    (advice.memory_fix follows the dominant term). quiet_when_fits: no "fits" line (a config
-    NeoX refuses never ends on OK)."""
-    if not capacity:
+    """`fit`: derive.fit.memory_fit's verdict on the stages (None: no GPU to judge against);
+    `stage_bytes`: each stage's predicted device total (what nvidia-smi will show). `fix`,
+    `key`: what to change (advice.memory_fix follows the dominant term). quiet_when_fits: no
+    "fits" line (a config NeoX refuses never ends on OK)."""
+    if fit is None:
         return []
+    gib = 2 ** 30
+    cap, (low, high) = fit.usable, fit.band
+    fix = fix or "enable checkpoint_activations, lower the micro-batch, or add pipeline/model parallelism"
     out = []
-    for i, used in enumerate(stage_bytes):
-        if used > capacity:
-            out.append(Verdict(
-                "out_of_memory", "fail",
-                f"stage {i} needs {used / 2**30:.1f} GiB per GPU, {(used - capacity) / 2**30:.1f} GiB "
-                f"more than the {capacity / 2**30:.1f} GiB the {gpu} lets a process use",
-                key=key,
-                fix=fix or "enable checkpoint_activations, lower the micro-batch, or add "
-                           "pipeline/model parallelism"))
-    if not out and not quiet_when_fits:
-        worst = max(stage_bytes) if stage_bytes else 0
+    for i in fit.over:
+        used = stage_bytes[i]
+        out.append(Verdict(
+            "out_of_memory", "fail",
+            f"stage {i} needs {used / gib:.1f} GiB per GPU, {(used - cap) / gib:.1f} GiB more than "
+            f"the {cap / gib:.1f} GiB the {gpu} lets a process use (beyond what predictions have "
+            f"run over, {high / gib:.1f} GiB)", key=key, fix=fix))
+    if fit.level == "warning":
+        used = fit.device_total
+        side = (f"{(used - cap) / gib:.1f} GiB above" if used > cap
+                else f"{(cap - used) / gib:.1f} GiB below")
+        out.append(Verdict(
+            "may_run_out_of_memory", "warning",
+            f"stage {fit.stage} may run out of memory: it needs {used / gib:.1f} GiB per GPU, {side} "
+            f"the {cap / gib:.1f} GiB the {gpu} lets a process use, in the band "
+            f"({low / gib:.1f}-{high / gib:.1f} GiB) where measured runs went both ways; the largest "
+            f"term is {fit.dominant}", key=key, fix=fix))
+    if fit.level == "ok" and not quiet_when_fits:
+        worst = fit.device_total
         out.append(Verdict("fits_in_memory", "ok",
-                           f"every stage fits: at most {worst / 2**30:.1f} of {capacity / 2**30:.1f} GiB "
-                           f"usable ({(capacity - worst) / 2**30:.1f} GiB to spare, "
-                           f"{worst / capacity:.0%} used)"))
+                           f"every stage fits: at most {worst / gib:.1f} of {cap / gib:.1f} GiB "
+                           f"usable ({fit.headroom / gib:.1f} GiB to spare, "
+                           f"{worst / cap:.0%} used)"))
     return out
 
 

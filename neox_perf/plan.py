@@ -8,7 +8,8 @@ of thousands of layouts within seconds:
 - the layer list, DeepSpeed's partition and the per-stage parameter counts depend only on
   (model parallel, stages, partition method): computed once per such triple, with only memory,
   FLOPs and tokens redone per candidate (`SharedDerive`; a test holds it equal to `derive()` on
-  every candidate of a plan); memory stops at the first stage over the headroom;
+  every candidate of a plan); memory stops at the first stage over the memory limit
+  (derive/fit.py, the rule check judges with);
 - a layout is timed only if it can matter: a lower bound from its stage times (one transformer
   layer's operators, shared by every layout with the same model parallel and micro-batch) skips
   layouts that can reach neither the rows shown, nor a rank above the user's own layout, nor
@@ -122,7 +123,7 @@ class Plan:
     global_batch: int
     global_batch_source: str
     train_iters: Optional[int]
-    headroom: float
+    memory_limit: float  # share of the usable capacity a layout may use (--memory-headroom)
     candidates: List[Candidate]  # admissible, best first
     baselines: List[Baseline]
     evaluated: int
@@ -255,12 +256,12 @@ def _values(raw: RawConfig):
 
 
 class Planner:
-    def __init__(self, raw: RawConfig, profile: Profile, raw_vocab: int, *, headroom: float = 0.9,
+    def __init__(self, raw: RawConfig, profile: Profile, raw_vocab: int, *, memory_limit: float = 0.9,
                  gpus_per_node: Optional[int] = None, global_batch: Optional[int] = None,
                  max_micro_batch: Optional[int] = None, keep: int = 10,
                  near: Optional[Layout] = None, spare: bool = False):
-        if not 0 < headroom <= 1:
-            raise UsageError(f"--memory-headroom {headroom:g} must be in (0, 1]")
+        if not 0 < memory_limit <= 1:
+            raise UsageError(f"--memory-headroom {memory_limit:g} must be in (0, 1]")
         self.raw = raw
         self.profile = profile
         self.facts = profile.facts
@@ -269,7 +270,9 @@ class Planner:
         # what a layout may use: what CUDA lets a process allocate, against the device total
         # (allocated peak + allocator reserve, CUDA context, NCCL: derive/device_memory.py)
         self.usable = usable(self.capacity)
-        self.headroom = headroom
+        self.memory_limit = memory_limit
+        from .derive.fit import fail_above
+        self.fail_above = fail_above(self.capacity, memory_limit)  # bytes, the one rule's
         self.raw_vocab = raw_vocab
         self.gpus_per_node = gpus_per_node
         self.max_micro_batch = max_micro_batch
@@ -453,9 +456,10 @@ class Planner:
         return None
 
     def memory(self, derived) -> Optional[_Rejection]:
-        fraction = max(s.memory.device_total for s in derived.stages) / self.usable
-        if fraction > self.headroom:
-            return _Rejection("out_of_memory", memory_fraction=fraction)
+        from .derive.fit import memory_fit
+        fit = memory_fit([s.memory for s in derived.stages], self.capacity, self.memory_limit)
+        if not fit.fits:
+            return _Rejection("out_of_memory", memory_fraction=fit.device_total / fit.usable)
         return None
 
     def judge(self, cfg, verdicts) -> Tuple[Optional[object], Optional[_Rejection]]:
@@ -498,7 +502,7 @@ class Planner:
             layout=layout_of(cfg), iteration_seconds=it,
             interval_seconds=tuple(est.interval_seconds) if est.interval_seconds else None,
             tokens_per_second=t.train_batch_size * m.seq_length / it, mfu=mfu,
-            max_memory_fraction=worst / self.usable, fits=worst <= self.headroom * self.usable,
+            max_memory_fraction=worst / self.usable, fits=worst <= self.fail_above,
             dominant=dominant(est), seconds_per_batch=per_batch, run_seconds=run,
             gpu_hours=None if run is None else run * p.world_size / 3600.0,
             batch_difference=t.train_batch_size - batch, breakdown=dict(est.breakdown)), est
@@ -557,7 +561,7 @@ class Planner:
                         continue
                 if rej is None:
                     memories: dict = {}
-                    derived = self.shared(cfg, stop_above=self.headroom * self.usable,
+                    derived = self.shared(cfg, stop_above=self.fail_above,
                                           memories=memories)
                     if derived is None:
                         rej = _Rejection("out_of_memory")
@@ -594,7 +598,7 @@ class Planner:
         no_layout = {w: self.no_layout_line(w, per_gpus_counts[w], per_gpus_rejected[w])
                      for w in gpus if w not in admitted_worlds}
         return Plan(gpus=gpus, global_batch=batch, global_batch_source=batch_source,
-                    train_iters=self.value("train_iters"), headroom=self.headroom,
+                    train_iters=self.value("train_iters"), memory_limit=self.memory_limit,
                     candidates=candidates, baselines=baselines, evaluated=evaluated,
                     predicted=timed, admissible=len(admitted), bounded=self.bounded,
                     collapsed=timed - len(candidates),
@@ -673,7 +677,7 @@ class Planner:
         if rej is not None:
             return Baseline(world, layout, cand,
                             f"needs {cand.max_memory_fraction:.0%} of GPU memory, above the "
-                            f"{self.headroom:.0%} headroom", cand.max_memory_fraction, note=note)
+                            f"{self.memory_limit:.0%} memory limit", cand.max_memory_fraction, note=note)
         return Baseline(world, layout, cand, None, cand.max_memory_fraction, note=note)
 
     @staticmethod
@@ -829,7 +833,7 @@ class Planner:
                              f"{_list([d for d in divisors(g) if d <= m.num_attention_heads])} only")
             elif code == "out_of_memory":
                 ex = examples[code]
-                parts.append(f"{n} layouts need more than {self.headroom:.0%} of the "
+                parts.append(f"{n} layouts need more than {self.memory_limit:.0%} of the "
                              f"{self.usable / 2**30:.1f} GiB usable (least: {ex.memory_fraction:.0%} at "
                              f"{ex.detail})")
             else:
@@ -851,7 +855,7 @@ REASONS = {
     "zero_with_model_parallel": ("ZeRO 2/3 with pipeline or model parallelism",),
     "moe_zero": ("MoE with ZeRO 2/3",),
     "config": ("NeoX refuses the config",),
-    "out_of_memory": ("does not fit GPU memory within the headroom",),
+    "out_of_memory": ("does not fit GPU memory within the memory limit",),
 }
 
 

@@ -32,6 +32,7 @@ class CheckResult:
     verdicts: List[Verdict] = field(default_factory=list)
     suggestion: Optional[object] = None  # advice.Suggestion: a layout that fits, or a faster one
     no_layout: List[str] = field(default_factory=list)  # why no layout fits (out of memory)
+    memory_fit: Optional[object] = None  # derive.fit.MemoryFit: the memory verdict, if --cluster
     command: str = "check"
     render_hint: str = "check_text"
 
@@ -114,6 +115,7 @@ class CheckResult:
             "flops": _plain(d.flops) if d else None,
             "tokens": _plain(d.tokens) if d else None,
             "verdict": self.summary(),
+            "memory_fit": _memory_fit(self.memory_fit),
             "advice": self.suggestion.to_dict() if self.suggestion is not None else None,
             "no_layout": list(self.no_layout),
             "verdicts": [dataclasses.asdict(v) for v in self.verdicts],
@@ -122,6 +124,16 @@ class CheckResult:
             "prediction": self.prediction_dict(),
         }
         return out
+
+
+def _memory_fit(fit) -> Optional[dict]:
+    """The memory verdict on the fullest stage (derive/fit.py), in bytes."""
+    if fit is None:
+        return None
+    return {"level": fit.level, "stage": fit.stage, "device_memory_bytes": fit.device_total,
+            "usable_capacity_bytes": fit.usable, "headroom_bytes": fit.headroom,
+            "warning_from_bytes": fit.band[0], "fail_above_bytes": fit.band[1],
+            "dominant": fit.dominant, "stages_over": list(fit.over)}
 
 
 def _plain(obj):
@@ -147,6 +159,7 @@ def _facts(facts, name, network=None):
 
 
 def _stage(s) -> dict:
+    from .derive.device_memory import SOURCES as DEVICE_SOURCES
     from .derive.memory import columns
     return {
         "index": s.index,
@@ -161,6 +174,7 @@ def _stage(s) -> dict:
         # what the GPU will show: the allocated peak plus the terms above it, by name
         "device_memory_bytes": s.memory.device_total,
         "device_memory_terms": dict(s.memory.device_terms),
+        "device_memory_term_sources": {k: DEVICE_SOURCES[k] for k in s.memory.device_terms},
         "usable_capacity_bytes": s.memory.usable_capacity,
         "memory_columns": columns(s.memory),
     }

@@ -13,6 +13,7 @@ from ..result import CheckResult
 def run_check(args) -> CheckResult:
     from .. import advice, checks
     from ..derive import derive
+    from ..derive.fit import memory_fit
 
     from ..predict import load_cluster
     profile = load_cluster(args.cluster)
@@ -49,12 +50,12 @@ def run_check(args) -> CheckResult:
     if facts:
         # what the GPU will show (allocated peak + allocator reserve, CUDA context, NCCL)
         # against what CUDA lets a process allocate: derive/memory.py, derive/device_memory.py
-        from ..derive.device_memory import usable
-        worst = max(derived.stages, key=lambda s: s.memory.device_total)
-        key, fix = advice.memory_fix(cfg, worst.memory)
-        verdicts += checks.memory_verdicts([s.memory.device_total for s in derived.stages],
-                                           usable(facts.gpu_memory_bytes), facts.gpu_name, fix=fix,
-                                           key=key, quiet_when_fits=refused)
+        fit = result.memory_fit = memory_fit([s.memory for s in derived.stages],
+                                             facts.gpu_memory_bytes)
+        key, fix = advice.memory_fix(cfg, derived.stages[fit.stage].memory)
+        verdicts += checks.memory_verdicts(fit, [s.memory.device_total for s in derived.stages],
+                                           facts.gpu_name, fix=fix, key=key,
+                                           quiet_when_fits=refused)
     out_of_memory = any(v.code == "out_of_memory" for v in verdicts)
     gpn = args.gpus_per_node
     if profile is not None and not refused and out_of_memory:

@@ -86,7 +86,7 @@ class PlanResult:
             "global_batch": p.global_batch,
             "global_batch_source": p.global_batch_source,
             "train_iters": p.train_iters,
-            "memory_headroom": p.headroom,
+            "memory_headroom": p.memory_limit,
             "evaluated": p.evaluated,
             "predicted": p.predicted,
             "admissible": p.admissible,
@@ -176,7 +176,7 @@ def run_plan(args) -> PlanResult:
     from ..config.neox_keys import KEYS
     vocab = raw_vocab(str(values.get("tokenizer_type") or KEYS["tokenizer_type"][1]),
                       values.get("vocab_file"), args.vocab_size, search)
-    planner = Planner(raw, profile, vocab.size, headroom=args.memory_headroom,
+    planner = Planner(raw, profile, vocab.size, memory_limit=args.memory_headroom,
                       gpus_per_node=args.gpus_per_node, global_batch=args.global_batch,
                       max_micro_batch=args.max_micro_batch, keep=args.top)
     plan = planner.run(args.gpus)

@@ -27,7 +27,7 @@ from ..config.specs import ModelSpec, ParallelSpec, TrainingSpec
 from .activations import (ActivationContext, BackwardPeak, block_backward, block_saved,
                           embedding_saved, final_norm_backward, final_norm_saved, logits_bytes,
                           loss_copy_bytes)
-from .device_memory import device_terms, usable
+from .device_memory import CHURN, device_terms, usable
 from .layers import checkpoint_chunks
 from .optimizer_memory import SIXTEEN_BIT, OptimizerLayout, optimizer_layout
 from .options import DEFAULT_OPTIONS, DeriveOptions
@@ -119,7 +119,8 @@ def stage_memory(*, stage: int, num_stages: int, layers: Sequence, model: ModelS
     parts = {c: r(v) for c, v in peak.parts.items()}
     total = sum(parts.values())
     terms = device_terms(largest_transient=st.largest_transient(),
-                         live_tensors=st.live_tensors(), parallel=parallel, stage=stage,
+                         live_tensors=st.live_tensors(),
+                         churn=sum(parts[c] for c in CHURN), parallel=parallel, stage=stage,
                          num_stages=num_stages, tied=not model.no_weight_tying, device=device)
     device_total = total + sum(terms.values())
     usable_capacity = None if gpu_memory_bytes is None else usable(gpu_memory_bytes)
@@ -181,6 +182,12 @@ class _Stage:
         tp = max(parallel.model_parallel_size, 1)
         self.tp = tp
         self.pipelined = parallel.pipe_parallel_size >= 1
+        # DeepSpeed's PipelineEngine partitions what a stage sends over the tensor-parallel ranks
+        # (is_pipe_partitioned: model parallel and pipeline.pipe_partitioned, True by default;
+        # pipe/engine.py): a later stage rebuilds the full activation and stores it in its input
+        # slot in place of the received partition, and the forward runs on that tensor itself
+        # (no clone); a non-last stage keeps only its output's partition.
+        self.pipe_partitioned = self.pipelined and tp > 1 and num_stages > 1
         self.gas = max(training.gradient_accumulation_steps, 1)
         # 1F1B: stage s runs (pp - s) warm-up forwards before its first backward; without a
         # pipeline each micro-batch's backward frees its activations before the next forward.
@@ -256,7 +263,8 @@ class _Stage:
     def stage_input(self) -> float:
         """What a micro-batch's forward makes before the first block: the embedding's kept
         tensors and _pre_transformer_block's transposed copy (first stage), or the forward's
-        clone of the received activation and mask (later stages)."""
+        clone of the received activation and mask (later stages; pipe-partitioned, the rebuilt
+        activation the slot holds)."""
         m, tok = self.model, self.ctx.tokens
         if self.first:
             out = self.embedding + self.ctx.hidden + 8 * tok  # + the token ids embedding keeps
@@ -281,6 +289,10 @@ class _Stage:
         if not self.pipelined or self.num_stages == 1:
             return 0.0
         out = self.ctx.hidden  # the received activation or the received gradient
+        if self.pipe_partitioned:
+            # this rank's partition and PartitionedTensor's int64 meta (ndim, the shape, parts,
+            # rank, the tp + 1 offsets)
+            out = self.ctx.hidden / self.tp + 8 * (7 + self.tp)
         if self.stage > 0:
             out += 2 * self.model.seq_length ** 2  # the mask, received as half
         return out
@@ -442,7 +454,8 @@ class _Stage:
             # _post_transformer_block's transposed copy replaced the top block's output
             acts -= ctx.hidden
         else:
-            acts -= ctx.hidden - self.stage_output()
+            # every micro-batch in flight keeps only its output's partition (pipe-partitioned)
+            acts -= in_flight * (ctx.hidden - self.stage_output())
         if ckpt:
             # recomputed: the chunk's blocks, saved again; their output included
             rot = self._rotary_copies()
@@ -453,6 +466,10 @@ class _Stage:
             acts -= walk.released
         mo.add("activations", acts)
         mo.add("temporaries", walk.temporaries)
+        if self.pipe_partitioned and not self.last:
+            # _exec_backward_pass rebuilds the full output from its partition and the full
+            # gradient from the received one (PartitionedTensor.full) for the backward
+            mo.add("temporaries", 2 * ctx.hidden)
         if self.last and self.first and self.layers[-1].tied_key is not None:
             # the tied head's weight gradient waits in autograd's input buffer for the
             # embedding's backward to add its part
@@ -467,6 +484,14 @@ class _Stage:
         with it its received input and that input's gradient (steady state: the slots hold
         the previous micro-batches, of this iteration or the last)."""
         if not self.pipelined or self.first:
+            return
+        if self.pipe_partitioned:
+            # the slot holds the rebuilt activation the forward made and ran on: counted once,
+            # as the micro-batch's input (stage_input); the last stage's held slots keep theirs
+            if self.last:
+                held = self.slots - 1 if held is None else held
+                mo.add("activations", held * self.ctx.hidden)
+                mo.add("temporaries", held * self.ctx.hidden)
             return
         if self.last:
             held = self.slots - 1 if held is None else held

@@ -27,11 +27,11 @@ def line(result) -> str:
         fields.append(f"{_s(est.iteration_seconds)} s/it" + (f" (80%: {_s(iv[0])}-{_s(iv[1])})" if iv else ""))
         if pred.get("run_seconds"):
             fields.append(f"run {pred['run_seconds'] / 3600:,.0f} h, {pred['run_gpu_hours']:,.0f} GPU-h")
-    if d is not None and result.facts is not None:
+    fit = result.memory_fit
+    if d is not None and fit is not None:
         # what nvidia-smi will show of the fullest stage, against what a process can use
-        from ..derive.device_memory import usable
-        worst = max(s.memory.device_total for s in d.stages)
-        fields.append(f"{worst / GIB:.1f}/{usable(result.facts.gpu_memory_bytes) / GIB:.1f} GiB per GPU")
+        # (derive/fit.py's verdict, the one check judged with)
+        fields.append(f"{fit.device_total / GIB:.1f}/{fit.usable / GIB:.1f} GiB per GPU")
     summary = result.summary()
     fields.append(f"{summary['level'].upper()}: {summary['text']}")
     if result.suggestion is not None:

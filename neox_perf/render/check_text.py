@@ -122,12 +122,17 @@ def render(result, console) -> None:
         for col in ("stage",) + (("specs",) if specs else ()) + ("blocks", "params") + names + ("total", "of GPU"):
             table.add_column(col.replace("/", "/\n").replace(" ", "\n"),
                              justify="right" if col != "specs" else "left", no_wrap=True)
+        fit = result.memory_fit  # derive/fit.py: red above the band, yellow inside it
         for s in d.stages:
             mem = s.memory
             cols = columns(mem)
             usable = mem.usable_capacity
             share = f"{mem.device_total / usable:.0%}" if usable else "-"
-            style = "bold red" if usable and mem.device_total > usable else None
+            style = None
+            if fit is not None and s.index in fit.over:
+                style = "bold red"
+            elif fit is not None and mem.device_total > fit.band[0]:
+                style = "yellow"
             table.add_row(str(s.index), *([f"[{s.start},{s.stop})"] if specs else []), str(s.transformer_layers),
                           _n(s.params_per_rank), *(_gib(cols[n]) for n in names),
                           _gib(mem.device_total), share, style=style)

@@ -39,7 +39,7 @@ def render(result, console) -> None:
     head.add_row("GPUs", ", ".join(str(g) for g in plan.gpus))
     iters = f"{plan.train_iters:,} iterations" if plan.train_iters else "no train_iters (time per batch)"
     head.add_row("keeps", f"global batch {plan.global_batch} ({plan.global_batch_source}); {iters}; "
-                          f"memory at most {plan.headroom:.0%} of the GPU")
+                          f"memory at most {plan.memory_limit:.0%} of the GPU")
     rejected = ", ".join(f"{n:,} {code.replace('_', ' ')}" for code, n in plan.rejected.items())
     head.add_row("searched", f"{plan.evaluated:,} layouts in {plan.seconds:.1f} s: {plan.admissible:,} "
                              f"admissible, {plan.predicted:,} timed, {plan.bounded:,} skipped by a lower "

@@ -195,7 +195,7 @@ BLOOM_VOCAB = 250680  # BLOOM's tokenizer; padded by Megatron's rule to the file
 BLOOM_ASSUMPTIONS = ("BLOOM architecture in NeoX terms: ALiBi positions, LayerNorm, GeLU, tied "
                      "embeddings, fused softmax (the embedding LayerNorm, one norm per step, is "
                      "left out); fp16 unless the row says bf16; bf16 rows run DeepSpeed's "
-                     "BF16_Optimizer, priced as ZeRO-1; activation checkpointing; dropout at "
+                     "BF16_Optimizer (grad_accum_dtype fp32); activation checkpointing; dropout at "
                      "Megatron's default; stages split the transformer layers evenly "
                      "(GPTModelPipe's partition); the stage hidden states alone cross a stage "
                      "boundary (no mask)")
@@ -229,6 +229,10 @@ class BloomRun(Run):
             "fp16": {"enabled": not bf16}, "bf16": {"enabled": bf16},
             "precision": "bfloat16" if bf16 else "fp16",
             "zero_optimization": {"stage": self.zero_stage},
+            # BigScience's bf16 runs used DeepSpeed's BF16_Optimizer (fp32 gradient
+            # accumulation, written for BLOOM's bf16 training); DeepSpeed 0.19.8 builds it for
+            # bf16 + ZeRO-1 when grad_accum_dtype is fp32 (engine.py _do_optimizer_sanity_check)
+            **({"data_types": {"grad_accum_dtype": "fp32"}} if bf16 else {}),
             "apply_query_key_layer_scaling": False,
             "tokenizer_type": "HFTokenizer",
         })

@@ -22,13 +22,13 @@ def run(argv):
 CONTRACT = {
     "top": {"schema", "neox_perf_version", "command", "exit_code", "files", "cluster", "config",
             "derived", "stages", "parameters", "flops", "tokens", "verdicts", "warnings",
-            "profile_warnings", "prediction"},
+            "profile_warnings", "prediction", "memory_fit"},
     "derived": {"raw_vocab_size", "raw_vocab_source", "padded_vocab_size", "world_size",
                 "data_parallel_size", "model_parallel_size", "pipeline_stages",
                 "micro_batches_per_iteration"},
     "stage": {"index", "layers", "layer_names", "transformer_layers", "parameters", "memory_bytes",
               "memory", "capacity_bytes", "device_memory_bytes", "device_memory_terms",
-              "usable_capacity_bytes", "memory_columns"},
+              "usable_capacity_bytes", "memory_columns", "device_memory_term_sources"},
     "parameters": {"total", "per_rank_max", "neox_logged"},
     "verdict": {"code", "level", "message", "key", "file", "fix"},
 }
@@ -60,6 +60,44 @@ def test_json_stage_memory_adds_up():
         assert s["device_memory_bytes"] == s["memory_bytes"] + sum(s["device_memory_terms"].values())
         assert {"allocator reserve", "CUDA context", "NCCL buffers"} <= set(s["device_memory_terms"])
         assert s["usable_capacity_bytes"] < s["capacity_bytes"]
+        # each term says where its figure comes from
+        assert set(s["device_memory_term_sources"]) == set(s["device_memory_terms"])
+        assert all(src.strip() for src in s["device_memory_term_sources"].values())
+    fit = data["memory_fit"]  # the one verdict, on the fullest stage, in bytes
+    worst = max(data["stages"], key=lambda s: s["device_memory_bytes"])
+    assert (fit["stage"], fit["device_memory_bytes"]) == (worst["index"], worst["device_memory_bytes"])
+    assert fit["headroom_bytes"] == fit["usable_capacity_bytes"] - fit["device_memory_bytes"]
+    assert fit["warning_from_bytes"] < fit["usable_capacity_bytes"] < fit["fail_above_bytes"]
+    assert fit["level"] == "ok" and fit["device_memory_bytes"] <= fit["warning_from_bytes"]
+
+
+def test_inside_the_band_is_a_warning_with_the_dominant_term(write_yaml):
+    """A layout predicted a little under the usable capacity may still run out of memory
+    (derive/fit.py's band): WARNING, exit 0, with the largest term and the fix."""
+    from neox_perf.derive.fit import band
+    code, out, _ = run(["check", str(EXAMPLES / "gpt-20b.yml"), "--gpus", "128", "--json",
+                        "--cluster", "perlmutter-a100"])
+    data = json.loads(out)
+    fit = data["memory_fit"]
+    low, high = band(fit["usable_capacity_bytes"])
+    assert (low, high) == (fit["warning_from_bytes"], fit["fail_above_bytes"])
+    # micro-batches raise the fullest stage through the band: the first one inside it warns
+    seen = set()
+    for mb in range(2, 64):
+        code, out, _ = run(["check", str(EXAMPLES / "gpt-20b.yml"), "--gpus", "128", "--json",
+                            "--cluster", "perlmutter-a100", "--set",
+                            f"train_micro_batch_size_per_gpu={mb}"])
+        data = json.loads(out)
+        level = data["memory_fit"]["level"]
+        seen.add(level)
+        if level == "warning":
+            v = [v for v in data["verdicts"] if v["code"] == "may_run_out_of_memory"][0]
+            assert code == exitcodes.OK and v["level"] == "warning" and v["fix"]
+            assert "may run out of memory" in v["message"] and data["memory_fit"]["dominant"] in v["message"]
+            break
+        if level == "fail":
+            break
+    assert "warning" in seen, seen
 
 
 def test_verdict_keys_pinned(write_yaml):

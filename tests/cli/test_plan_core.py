@@ -142,7 +142,7 @@ def test_closest_layout_is_the_least_memory_of_every_layout(write_yaml):
         if pl.refuse(cfg, verdicts) is not None:
             continue
         memories = {}
-        assert pl.shared(cfg, stop_above=pl.headroom * pl.usable, memories=memories) is None
+        assert pl.shared(cfg, stop_above=pl.memory_limit * pl.usable, memories=memories) is None
         stopped.append((cfg, memories))
     totals = [max(s.memory.device_total for s in derive(cfg, 50257, profile.facts.gpu_memory_bytes).stages)
               for cfg, _ in stopped]
@@ -150,7 +150,7 @@ def test_closest_layout_is_the_least_memory_of_every_layout(write_yaml):
     assert totals.count(totals[least]) > 1  # equals to choose among
     before = sum(len(m) for _, m in stopped)
     fraction, cfg = pl.closest(stopped)
-    assert cfg is stopped[least][0] and fraction == totals[least] / pl.usable > pl.headroom
+    assert cfg is stopped[least][0] and fraction == totals[least] / pl.usable > pl.memory_limit
     stages = sum(c.parallel.num_stages for c, _ in stopped)
     assert sum(len(m) for _, m in stopped) - before < (stages - before) / 4
 
