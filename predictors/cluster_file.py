@@ -92,7 +92,7 @@ RANGES: Dict[str, Range] = {
     # per GPU both directions, 900 one way: NVIDIA Blackwell data sheet) at the top. Below PCIe
     # 4.0 x16's 32 GB/s (PCI-SIG) only old or narrow PCIe links: warned.
     "intra_node_GBps": Range("GB/s per GPU, one direction", 3.9, 900, 16, 900,
-                             "PCIe 3.0 x4", "NVLink 5's 900 GB/s per GPU and direction",
+                             "PCIe 3.0 x4", "NVLink 5, the fastest GPU link",
                              ("TB/s", 1000), ("Gb/s", 1 / 8)),
     # GPUs (ranks) per node: 1 (GH200) to 16 (HGX-2: 16 V100s on NVSwitch; NVIDIA HGX-2 data
     # sheet); a 72-GPU NVLink domain (GB200 NVL72) spans 18 nodes of 4.
@@ -108,23 +108,24 @@ RANGES: Dict[str, Range] = {
 GPU_RANGES: Dict[str, Range] = {
     # 4 GiB (a T4 has 16; nothing that trains has less than 4) to 1,024; above MI355X's 288
     # GB (AMD data sheet) warned. nvidia-smi shows MiB: 40960 is 40 GiB.
-    "memory_GiB": Range("GiB", 4, 1024, 8, 300, "4 GiB", "1 TiB", ("TiB", 1024), ("MiB", 1 / 1024)),
+    "memory_GiB": Range("GiB", 4, 1024, 8, 300, "the smallest GPU that trains", "1 TiB", ("TiB", 1024), ("MiB", 1 / 1024)),
     # HBM/GDDR bandwidth: ~100 GB/s (the slowest GDDR cards) to 10,000; above B200's 8,000
     # GB/s (DGX B200 data sheet) warned, below 300 (a T4: 320) warned.
-    "hbm_GBps": Range("GB/s", 100, 10000, 300, 8000, "100 GB/s", "10 TB/s", ("TB/s", 1000), ("Mb/s", 0.001)),
+    "hbm_GBps": Range("GB/s", 100, 10000, 300, 8000, "the slowest GDDR cards", "any HBM stack", ("TB/s", 1000), ("MB/s", 0.001)),
     # Dense 16-bit tensor rate: a T4's 65 TFLOP/s (T4 data sheet) down to 10; above B200's 2,250
     # dense (DGX B200 data sheet) warned; above 10,000 a sparse or FP8/FP4 figure.
-    "fp16_tflops": Range("TFLOP/s dense", 10, 10000, 30, 3000, "10 TFLOP/s", "10 PFLOP/s",
+    "fp16_tflops": Range("TFLOP/s dense", 10, 10000, 30, 3000, "any tensor core", "any dense 16-bit rate (a sparse or FP8 figure?)",
                          ("PFLOP/s", 1000), ("GFLOP/s", 0.001)),
-    "bf16_tflops": Range("TFLOP/s dense", 10, 10000, 30, 3000, "10 TFLOP/s", "10 PFLOP/s",
+    "bf16_tflops": Range("TFLOP/s dense", 10, 10000, 30, 3000, "any tensor core",
+                         "any dense 16-bit rate (a sparse or FP8 figure?)",
                          ("PFLOP/s", 1000), ("GFLOP/s", 0.001)),
     # fp32 on the vector units: 1 to 500 TFLOP/s; MI300X's 163.4 (AMD data sheet) is the most in
     # the table: above 200 (a tensor-core TF32 or 16-bit figure?) warned.
-    "fp32_tflops": Range("TFLOP/s", 1, 500, 4, 200, "1 TFLOP/s", "500 TFLOP/s",
+    "fp32_tflops": Range("TFLOP/s", 1, 500, 4, 200, "any GPU's vector units", "any vector unit (a tensor-core figure?)",
                          ("PFLOP/s", 1000), ("GFLOP/s", 0.001)),
     # Boost clocks: 300 MHz to 4 GHz (L40S: 2,520 MHz, the table's most).
-    "mhz": Range("MHz", 300, 4000, 700, 3000, "300 MHz", "4 GHz", ("GHz", 1000), ("kHz", 0.001)),
-    "sms": Range("SMs", 1, 1000, 8, 400, "one SM", "1,000 SMs"),
+    "mhz": Range("MHz", 300, 4000, 700, 3000, "any GPU clock", "any GPU clock", ("GHz", 1000), ("kHz", 0.001)),
+    "sms": Range("SMs", 1, 1000, 8, 400, "one SM", "any GPU"),
 }
 
 
@@ -136,7 +137,7 @@ def check_range(path, key: str, value: float, rng: Range) -> Optional[str]:
         slip = rng.slip_low if low else rng.slip_high
         guess = (f": did you write {slip[0]}? ({value:g} {slip[0]} is {value * slip[1]:g} {rng.unit})"
                  if slip else "")
-        raise _fail(path, key, f"{value:g} {rng.unit} is {'below' if low else 'above'} {edge:g}, "
+        raise _fail(path, key, f"{value:g} {rng.unit} is {'below' if low else 'above'} the {edge:g} of "
                                f"{what}{guess}", f"write {key} in {rng.unit}")
     if value < rng.warn_lo or value > rng.warn_hi:
         side = "low" if value < rng.warn_lo else "high"
