@@ -157,6 +157,10 @@ def vocab_verdicts(cfg: NeoxConfig, vocab, derived=None) -> List[Verdict]:
 
 # -- a better layout, from the planner --------------------------------------------------------
 
+# More `--set` flags than this and a fix names `plan --write` instead (Suggestion.fix).
+MAX_SET_FLAGS = 4
+
+
 @dataclass
 class Suggestion:
     """A layout the quick search found: the fastest that fits, or a faster one than the user's."""
@@ -196,6 +200,16 @@ class Suggestion:
             else:
                 out.append(f"--set {key}={_yaml(value)}")
         return " ".join(out)
+
+    def fix(self, files: Sequence[str], cluster: Optional[str]) -> str:
+        """What to do to get this layout: the `--set` flags when they are few, else the `plan
+        --write` command that writes them into a file (a ten-flag line is pasted wrong)."""
+        flags = self.set_flags()
+        keys = flags.count("--set ")
+        if keys <= MAX_SET_FLAGS:
+            return flags
+        return (f"neox-perf plan {' '.join(files)} --gpus {self.layout.gpus} --cluster {cluster} "
+                f"--write best.yml, then add best.yml to your config files ({keys} keys change)")
 
     def describe(self) -> str:
         l = self.layout
@@ -301,5 +315,7 @@ def faster_verdicts(suggestion: Optional[Suggestion], files: Sequence[str], clus
                     f"your layout is predicted {slower} {suggestion.describe()} "
                     f"({suggestion.user_seconds_per_batch:.3g} s vs {c.seconds_per_batch:.3g} s per "
                     f"iteration of the same batch)",
-                    fix=f"{suggestion.set_flags()}; `neox-perf plan {' '.join(files)} --gpus "
-                        f"{c.layout.gpus} --cluster {cluster}` ranks every layout")]
+                    fix=(f"{suggestion.set_flags()}; `neox-perf plan {' '.join(files)} --gpus "
+                         f"{c.layout.gpus} --cluster {cluster}` ranks every layout"
+                         if suggestion.set_flags().count("--set ") <= MAX_SET_FLAGS
+                         else suggestion.fix(files, cluster)))]

@@ -60,11 +60,9 @@ def add_arguments(parser) -> None:
 
 
 def report_result(run_dir: str, cluster: Optional[str] = None, top: int = 10) -> ReportResult:
-    """The report of a run dir. One that is not there is a usage error; one whose data cannot
-    be reported raises runs.report.ReportError (the data-error exit)."""
+    """The report of a run dir. One that is not there, or whose data cannot be reported,
+    raises runs.report.ReportError: the data-error exit, as a missing config file has."""
     from ..runs.report import build
-    if not os.path.isdir(run_dir):
-        raise UsageError(f"{os.path.abspath(run_dir)}: no such run dir")
     return ReportResult(build(run_dir, cluster=cluster, top=top))
 
 
