@@ -19,7 +19,7 @@ def render(result, console) -> None:
     if result.gpus is not None:
         _render_gpus(result.gpus, console)
         return
-    table = Table(title="Cluster profiles", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    table = Table(title="Cluster profiles and descriptions (--cluster NAME)", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     for col in ("name", "GPU", "memory", "GPUs/node", "between nodes"):
         table.add_column(col, no_wrap=col != "between nodes")
     for p in result.profiles:
