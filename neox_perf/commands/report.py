@@ -52,7 +52,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--gpus-per-node", type=_positive_int, help="GPUs per node of the logged run")
     parser.add_argument("--vocab-size", type=_positive_int,
                         help="raw tokenizer vocabulary, when the tokenizer file is not readable here")
-    parser.add_argument("--cluster", help="cluster profile name or directory to predict with "
+    parser.add_argument("--cluster", help="cluster to predict with: a name (`neox-perf clusters`), a profile "
+                                          "directory or a cluster description YAML "
                                           "(default: the one the run used, else NEOX_PERF_CLUSTER)")
     parser.add_argument("--top", type=int, default=10,
                         help="operators and unmapped events to list (default 10)")
