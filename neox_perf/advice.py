@@ -201,15 +201,17 @@ class Suggestion:
                 out.append(f"--set {key}={_yaml(value)}")
         return " ".join(out)
 
-    def fix(self, files: Sequence[str], cluster: Optional[str]) -> str:
+    def fix(self, files: Sequence[str], cluster: Optional[str], with_sets: bool = False) -> str:
         """What to do to get this layout: the `--set` flags when they are few, else the `plan
-        --write` command that writes them into a file (a ten-flag line is pasted wrong)."""
+        --write` command that writes them into a file (a ten-flag line is pasted wrong);
+        `with_sets`: the user's own --set flags must come along."""
         flags = self.set_flags()
         keys = flags.count("--set ")
         if keys <= MAX_SET_FLAGS:
             return flags
-        return (f"neox-perf plan {' '.join(files)} --gpus {self.layout.gpus} --cluster {cluster} "
-                f"--write best.yml, then add best.yml to your config files ({keys} keys change)")
+        return (f"neox-perf plan {' '.join(files)}{' <your --set flags>' if with_sets else ''} --gpus "
+                f"{self.layout.gpus} --cluster {cluster} --write best.yml, then add best.yml to your "
+                f"config files ({keys} keys change)")
 
     def describe(self) -> str:
         l = self.layout

@@ -291,9 +291,20 @@ def _render_suggestion(result, console) -> None:
                              f"them all")
     console.print(Panel(grid, title=head, title_align="left"))
     # outside the panel, a flag never split from its value: the lines paste into a shell
+    from .check_line import _has_sets
+    fix = s.fix(result.config.files, _cluster_arg(result), _has_sets(result))
+    if not fix.startswith("--"):  # too many flags to paste: plan writes them into a file
+        console.print(Text("write it to a file:", style="bold"))
+        console.print(Text(fix), overflow="ignore", crop=False)
+        return
     console.print(Text("paste after your config files:", style="bold"))
     for line in paste_lines(s.set_flags().split(" --"), console.width):
         console.print(Text(line), overflow="ignore", crop=False)
+
+
+def _cluster_arg(result) -> str:
+    from .check_line import _cluster_arg as arg
+    return arg(result)
 
 
 def paste_lines(flags, width: int):

@@ -95,3 +95,18 @@ def test_the_issue_command_works_from_any_directory(tmp_path, monkeypatch):
                           "--format", "line"])
     assert code == exitcodes.OK, err
     assert out.startswith("neox-perf check: 96 GPUs (12 nodes x 8)")
+
+
+def test_a_long_fix_on_the_command_line_is_plan_write():
+    # 13B on 2 GPUs of 40 GB, no checkpointing, micro-batch 16: six keys change to fit on 16
+    argv = ["check", str(EXAMPLES / "llama-13b.yml"), "--gpus", "2", "--cluster", "perlmutter-a100",
+            "--set", "pipe_parallel_size=1", "--set", "model_parallel_size=2", "--set",
+            "checkpoint_activations=false", "--set", "zero_optimization.stage=0", "--set",
+            "train_micro_batch_size_per_gpu=16"]
+    code, out, _ = run(argv + ["--format", "line"])
+    assert code == exitcodes.VERDICT_FAILED
+    fix = next(f for f in out.strip().split(" | ") if f.startswith("fits as: "))
+    assert "--set " not in fix.replace("<your --set flags>", "") and "--write best.yml" in fix
+    assert "<your --set flags>" in fix
+    code, out, _ = run(argv)
+    assert "paste after your config files" not in out and "--write best.yml" in out
