@@ -158,3 +158,10 @@ def test_a_bad_data_sheet_mapping_is_one_line(tmp_path, gpu, words):
         load_profile(str(_description(tmp_path, gpu)))
     line = info.value.line()
     assert "\n" not in line and all(w in line for w in words), line
+
+
+def test_a_bundled_description_path_typed_elsewhere_names_the_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = _run(["check", str(EXAMPLES / "gpt-20b.yml"), "--gpus", "64", "--cluster",
+                         "neox_perf/examples/clusters/dgx-a100.yml"])
+    assert code == exitcodes.USAGE and "fix: --cluster dgx-a100" in err and len(err.strip().splitlines()) == 1
