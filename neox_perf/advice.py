@@ -209,9 +209,12 @@ class Suggestion:
         keys = flags.count("--set ")
         if keys <= MAX_SET_FLAGS:
             return flags
+        return (f"{self.plan_command(files, cluster, with_sets)}, then add best.yml to your config "
+                f"files ({keys} keys change)")
+
+    def plan_command(self, files: Sequence[str], cluster: Optional[str], with_sets: bool = False) -> str:
         return (f"neox-perf plan {' '.join(files)}{' <your --set flags>' if with_sets else ''} --gpus "
-                f"{self.layout.gpus} --cluster {cluster} --write best.yml, then add best.yml to your "
-                f"config files ({keys} keys change)")
+                f"{self.layout.gpus} --cluster {cluster} --write best.yml")
 
     def describe(self) -> str:
         l = self.layout
