@@ -33,6 +33,16 @@ def _time(cmd) -> float:
     return time.perf_counter() - t0
 
 
+def _cpu(cmd) -> float:
+    """CPU seconds (user + system) of one run: on a loaded machine the wall clock measures the
+    queue for a core, this what the process itself costs."""
+    import resource
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(cmd, capture_output=True, check=False)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
 def _command(files, gpus, cluster):
     cmd = [sys.executable, "-m", "neox_perf", "check", *files, "--gpus", gpus, "--json"]
     return cmd + (["--cluster", cluster] if cluster else [])
@@ -87,8 +97,10 @@ def main() -> int:
         print(first.stderr, file=sys.stderr)
         return 1
     times = [_time(cmd) for _ in range(args.runs)]
+    cpu = [_cpu(cmd) for _ in range(args.runs)]
     print(f"neox-perf check ({Path(args.config).name}, cluster {args.cluster or 'none'}): "
-          f"{_summary(times)} (target <= 0.5 s)")
+          f"{_summary(times)} (target <= 0.5 s); CPU time {_summary(cpu)}; load average "
+          f"{os.getloadavg()[0]:.2f}")
     return 0
 
 

@@ -157,6 +157,10 @@ def vocab_verdicts(cfg: NeoxConfig, vocab, derived=None) -> List[Verdict]:
 
 # -- a better layout, from the planner --------------------------------------------------------
 
+# More `--set` flags than this and a fix names `plan --write` instead (Suggestion.fix).
+MAX_SET_FLAGS = 4
+
+
 @dataclass
 class Suggestion:
     """A layout the quick search found: the fastest that fits, or a faster one than the user's."""
@@ -196,6 +200,21 @@ class Suggestion:
             else:
                 out.append(f"--set {key}={_yaml(value)}")
         return " ".join(out)
+
+    def fix(self, files: Sequence[str], cluster: Optional[str], with_sets: bool = False) -> str:
+        """What to do to get this layout: the `--set` flags when they are few, else the `plan
+        --write` command that writes them into a file (a ten-flag line is pasted wrong);
+        `with_sets`: the user's own --set flags must come along."""
+        flags = self.set_flags()
+        keys = flags.count("--set ")
+        if keys <= MAX_SET_FLAGS:
+            return flags
+        return (f"{self.plan_command(files, cluster, with_sets)}, then add best.yml to your config "
+                f"files ({keys} keys change)")
+
+    def plan_command(self, files: Sequence[str], cluster: Optional[str], with_sets: bool = False) -> str:
+        return (f"neox-perf plan {' '.join(files)}{' <your --set flags>' if with_sets else ''} --gpus "
+                f"{self.layout.gpus} --cluster {cluster} --write best.yml")
 
     def describe(self) -> str:
         l = self.layout
@@ -302,5 +321,7 @@ def faster_verdicts(suggestion: Optional[Suggestion], files: Sequence[str], clus
                     f"your layout is predicted {slower} {suggestion.describe()} "
                     f"({suggestion.user_seconds_per_batch:.3g} s vs {c.seconds_per_batch:.3g} s per "
                     f"iteration of the same batch)",
-                    fix=f"{suggestion.set_flags()}; `neox-perf plan {' '.join(files)} --gpus "
-                        f"{c.layout.gpus} --cluster {cluster}` ranks every layout")]
+                    fix=(f"{suggestion.set_flags()}; `neox-perf plan {' '.join(files)} --gpus "
+                         f"{c.layout.gpus} --cluster {cluster}` ranks every layout"
+                         if suggestion.set_flags().count("--set ") <= MAX_SET_FLAGS
+                         else suggestion.fix(files, cluster)))]

@@ -24,11 +24,34 @@ class _Parser(argparse.ArgumentParser):
 
 _COMMANDS = ("check", "calibrate", "validate", "clusters", "plan", "run", "report")
 
+DESCRIPTION = ("Check a GPT-NeoX / DeepSpeed config before you launch it: what it builds, whether "
+               "it fits in GPU memory, and how long each iteration and the whole run will take on "
+               "your cluster; then compare with the real run.")
+# One example per command, shown under its --help (and the first few under neox-perf --help).
+EXAMPLES = {
+    "check": "neox-perf check my-model.yml my-setup.yml --gpus 96 --cluster dgx-a100",
+    "plan": "neox-perf plan my-model.yml --gpus 64,128 --cluster dgx-h100 --write best.yml",
+    "clusters": "neox-perf clusters          # profiles and bundled descriptions; --gpus: the GPU table",
+    "run": "neox-perf run --cluster dgx-a100 -- python deepy.py train.py my-model.yml",
+    "report": "neox-perf report neox-perf-runs/<timestamp>   # or: report train.log --config my-model.yml",
+    "calibrate": "neox-perf calibrate --cluster mine --quick",
+    "validate": "neox-perf validate my-model.yml --gpus 2 --cluster mine",
+}
+
+
+def _epilog(*commands: str) -> str:
+    return "example" + ("s" if len(commands) > 1 else "") + ":\n" + "\n".join(
+        f"  {EXAMPLES[c]}" for c in commands)
+
 
 def build_parser(only: Optional[str] = None) -> argparse.ArgumentParser:
     """Every subcommand; with `only`, the others' arguments are left out, so a `check` never
     imports the modules that define `plan`, `run` and `report` (check must start fast)."""
-    parser = _Parser(prog="neox-perf", description=__doc__.splitlines()[0])
+    import textwrap
+    parser = _Parser(prog="neox-perf", description=textwrap.fill(DESCRIPTION, 78),
+                     epilog=_epilog("check", "plan", "clusters", "report")
+                     + "\n\nneox-perf COMMAND --help shows a command's options.",
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"neox-perf {__version__}")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
 
@@ -41,8 +64,11 @@ def build_parser(only: Optional[str] = None) -> argparse.ArgumentParser:
     world.add_argument("--nodes", type=_positive_int, help="nodes of the job (x GPUs per node)")
     check.add_argument("--gpus-per-node", type=_positive_int,
                        help="GPUs per node (default: the cluster profile's)")
-    check.add_argument("--cluster", help="bundled cluster profile name or profile directory "
-                                         "(see `neox-perf clusters`)")
+    check.add_argument("--cluster", help="a bundled profile or description by name (dgx-a100, "
+                                         "perlmutter-a100: `neox-perf clusters` lists them), a "
+                                         "profile directory, or the path of your own cluster "
+                                         "description YAML (name, base, gpu, gpus_per_node, "
+                                         "intra_node_GBps, inter_node_Gbps)")
     check.add_argument("--vocab-size", type=_positive_int,
                        help="raw tokenizer vocabulary, when the tokenizer file is not readable here")
     check.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
@@ -115,7 +141,9 @@ def build_parser(only: Optional[str] = None) -> argparse.ArgumentParser:
     if only in (None, "report"):
         from .commands.report import add_arguments as add_report_arguments
         add_report_arguments(report)
-    for command in sub.choices.values():
+    for name, command in sub.choices.items():
+        command.epilog = _epilog(name)
+        command.formatter_class = argparse.RawDescriptionHelpFormatter
         command.add_argument("--debug", action="store_true",
                              help="on an error, print the traceback before the one-line message")
     return parser

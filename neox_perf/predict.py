@@ -120,6 +120,11 @@ def _unknown_cluster(name: str) -> Optional[str]:
     if os.path.exists(name):
         return None  # it is there: the profile layer's own reason stands
     if os.sep in name or name.endswith((".yml", ".yaml")):
+        from .predictors.cluster_file import bundled_description
+        stem = os.path.splitext(os.path.basename(name))[0]
+        if bundled_description(stem) is not None:  # e.g. clusters/dgx-a100.yml typed elsewhere
+            return (f"--cluster {name}: no such file here; {stem} is a bundled description "
+                    f"(fix: --cluster {stem}, from any directory)")
         return (f"--cluster {name}: no such file or directory (fix: check the path, or name a "
                 f"profile from `neox-perf clusters`)")
     from .predictors.profile import list_profiles

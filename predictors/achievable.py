@@ -65,7 +65,10 @@ _WIDTH = {"fp16": 2, "bf16": 2, "tf32": 4, "fp32": 4}
 def gpu_of(profile) -> Optional[gpus.GPU]:
     """The GPU-table row of a profile (neox_perf.profile.protocol.Profile) by its device name (a
     description's facts name its table row); None for a CPU calibration or a device the table
-    does not know."""
+    does not know. A description's GPU is its own (one given by its data sheet has no table row)."""
+    own = getattr(profile, "gpu", None)
+    if isinstance(own, gpus.GPU):
+        return own
     return gpu_of_facts(profile.facts)
 
 
@@ -284,6 +287,11 @@ def limits(profile, precision: str, tf32: Optional[bool] = None, tf32_source: st
                            "set tf32: false in the cluster description if its fp32 matmuls run as IEEE "
                            "fp32, or train in fp16/bf16")
     cap, what = rate(gpu, run_mm)
+    if run == "bf16" and not gpu.bf16:
+        raise ProfileError(where, f"bf16 run on {gpu.name}: this GPU has no bf16 (its data sheet gives no bf16 "
+                                  f"rate{'; Volta tensor cores are fp16 only' if 'V100' in gpu.name else ''})",
+                           "train in fp16 (precision: fp16, fp16: {enabled: true}), or give the GPU's "
+                           "bf16_tflops if its data sheet has one")
     if cap is None:
         raise ProfileError(where, f"{run} run on {gpu.name}: no measured {run} GEMM rate for this GPU "
                                   f"(docs/achievable-rates.md), so neox-perf cannot price {run} there",

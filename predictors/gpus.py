@@ -69,6 +69,10 @@ class GPU:
     # dense TF32 tensor-core rate (what fp32 matmuls run at where TF32 is allowed:
     # predictors/achievable.py); None where the data sheet gives none (AMD, the DGX B200 sheet)
     tf32_tflops: Optional[float] = None
+    bf16: bool = True  # False: no bf16 on this chip (Volta: fp16 tensor cores only)
+    # A description's own GPU (from_datasheet): its achievable rates, measured by the user or
+    # derived from its data sheet (derived_rates); None for a table row (ACHIEVABLE has them).
+    rates: Optional[Tuple[Tuple[str, Rate], ...]] = None
 
     @property
     def memory_bytes(self) -> int:
@@ -80,31 +84,44 @@ class GPU:
         return self.fp16_tflops * 1e12 / (self.hbm_gbps * 1e9)
 
     def peak_tflops(self, precision: str) -> Optional[float]:
-        """The data sheet's dense rate for a precision (None where the data sheet gives none)."""
+        """The data sheet's dense rate for a precision (None where the data sheet gives none,
+        and for bf16 on a chip without it)."""
         key = precision_key(precision)
-        return {"fp16": self.fp16_tflops, "bf16": self.fp16_tflops, "tf32": self.tf32_tflops,
-                "fp32": self.fp32_tflops}.get(key)
+        return {"fp16": self.fp16_tflops, "bf16": self.fp16_tflops if self.bf16 else None,
+                "tf32": self.tf32_tflops, "fp32": self.fp32_tflops}.get(key)
+
+    def achievable_rates(self) -> Dict[str, Rate]:
+        return dict(self.rates) if self.rates is not None else ACHIEVABLE.get(self.name, {})
 
     def achievable(self, precision: str) -> Optional[Rate]:
         """The measured (or visibly derived) dense GEMM rate for a precision; None where no
         public measurement of this GPU or a close sibling exists."""
-        return ACHIEVABLE.get(self.name, {}).get(precision_key(precision))
+        return self.achievable_rates().get(precision_key(precision))
 
     def to_dict(self) -> dict:
         out = asdict(self)
+        out.pop("rates")
         out["memory_bytes"] = self.memory_bytes
         out["ridge_flops_per_byte"] = round(self.ridge_flops_per_byte, 1)
-        out["achievable_tflops"] = {k: r.to_dict() for k, r in ACHIEVABLE.get(self.name, {}).items()}
+        out["achievable_tflops"] = {k: r.to_dict() for k, r in self.achievable_rates().items()}
         return out
 
 
 _A100 = "NVIDIA A100 Tensor Core GPU Datasheet (2021)"
+# V100 SXM2: 125 TFLOPS tensor (fp16 only: Volta has no bf16), 15.7 TFLOPS fp32, 900 GB/s HBM2,
+# 16 or 32 GB (NVIDIA Tesla V100 GPU Accelerator Datasheet, 2020); 80 SMs at a 1530 MHz boost
+# clock (NVIDIA Tesla V100 GPU Architecture whitepaper, 2017, Table 1).
+_V100 = "NVIDIA Tesla V100 GPU Accelerator Datasheet (2020); SMs and clock: the Volta whitepaper (2017)"
 _H100 = "NVIDIA H100 Tensor Core GPU Datasheet (2023)"
 
 GPUS: Tuple[GPU, ...] = (
     # TF32: A100 156 (312 with sparsity); H100 SXM5 989* and PCIe 756* halved, 494.7 and 378
     # dense in NVIDIA's H100 Tensor Core GPU Architecture whitepaper (Table 1); H200 and GH200
-    # 989* (the same GH100 at the same clocks); L40S 366*
+    # 989* (the same GH100 at the same clocks); L40S 366*. V100: no TF32 (Volta).
+    GPU("V100-SXM2-16GB", "NVIDIA", 16, "HBM2", 900, 125, 15.7, 80, 1530, _V100,
+        "no bf16: a bf16 run is refused (train in fp16)", bf16=False),
+    GPU("V100-SXM2-32GB", "NVIDIA", 32, "HBM2", 900, 125, 15.7, 80, 1530, _V100,
+        "no bf16: a bf16 run is refused (train in fp16)", bf16=False),
     GPU("A100-SXM4-40GB", "NVIDIA", 40, "HBM2", 1555, 312, 19.5, 108, 1410, _A100, tf32_tflops=156),
     GPU("A100-SXM4-80GB", "NVIDIA", 80, "HBM2e", 2039, 312, 19.5, 108, 1410, _A100, tf32_tflops=156),
     GPU("A100-PCIe-80GB", "NVIDIA", 80, "HBM2e", 1935, 312, 19.5, 108, 1410, _A100,
@@ -220,6 +237,8 @@ ACHIEVABLE["MI300X"] = {
     "fp16": Rate(654.0, f"{_AMD_MAF} (1115 MHz)"),
     "bf16": Rate(708.0, f"{_AMD_MAF} (1207 MHz)"),
 }
+# V100: no public shape-search measurement was found; its rates are derived from its data sheet
+# (derived_rates below), like any GPU a description gives by its figures.
 # L40S: no public GEMM measurement of it or of a sibling at its power and clocks was found
 # (the RTX 4090 shares the die but not the fp32-accumulate tensor rate): no figure.
 
@@ -277,3 +296,90 @@ def did_you_mean(name: str) -> str:
 
 def names() -> List[str]:
     return [g.name for g in GPUS]
+
+
+# ---- a GPU the table does not have: from its data sheet ----------------------------------
+_TENSOR = ("fp16", "bf16")
+
+
+def _measured_fractions(vendor: str, precision: str) -> List[Tuple[str, float]]:
+    """(GPU, achievable / data-sheet peak) of every table row of this vendor whose rate for the
+    precision class (tensor: fp16 or bf16; fp32) was measured, not derived."""
+    kinds = _TENSOR if precision in _TENSOR else (precision,)
+    out = []
+    for g in GPUS:
+        if g.vendor != vendor:
+            continue
+        for k in kinds:
+            r, peak = ACHIEVABLE.get(g.name, {}).get(k), g.peak_tflops(k)
+            if r is not None and r.measured and peak:
+                out.append((f"{g.name} {k}", r.tflops / peak))
+    return out
+
+
+def derived_rates(g: GPU) -> Dict[str, Rate]:
+    """Achievable rates of a GPU nobody measured, derived as the table derives a rate from a
+    sibling: its data-sheet peak times what the measured rows of its vendor reach of theirs
+    (the median, so no one chip sets it). A100 SXM reaches 0.87 of its bf16 peak, H100 PCIe
+    0.66; the median of NVIDIA's measured tensor rates is 0.80, of fp32 0.93. Marked derived,
+    with the fraction and the rows it came from."""
+    out: Dict[str, Rate] = {}
+    for precision in ("fp16", "bf16", "fp32"):
+        peak = g.peak_tflops(precision)
+        fractions = _measured_fractions(g.vendor, precision)
+        if not peak or not fractions:
+            continue
+        values = sorted(f for _, f in fractions)
+        mid = len(values) // 2
+        median = values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+        out[precision] = Rate(round(peak * median, 2),
+                              f"derived from {g.name}'s data-sheet {peak:g} TFLOP/s x {median:.3f}, the "
+                              f"median achievable/peak of the table's {len(values)} measured {g.vendor} "
+                              f"{'tensor' if precision in _TENSOR else precision} rates "
+                              f"({', '.join(n for n, _ in fractions)}); no measurement of this GPU",
+                              False)
+    return out
+
+
+def rates_from_datasheet(g: GPU) -> List[str]:
+    """The precisions whose achievable rate derived_rates made from g's data sheet."""
+    return [k for k, r in g.achievable_rates().items()
+            if not r.measured and r.source.startswith(f"derived from {g.name}'s data-sheet")]
+
+
+ACHIEVABLE["V100-SXM2-32GB"] = derived_rates(gpu("V100-SXM2-32GB"))
+ACHIEVABLE["V100-SXM2-16GB"] = derived_rates(gpu("V100-SXM2-16GB"))
+
+# The keys of a GPU given by its data sheet in a cluster description (`gpu: {...}`).
+DATASHEET_KEYS = {
+    "name": "the GPU's name, as reports show it",
+    "memory_GiB": "memory per GPU as the data sheet states it (a 32 GB V100: 32)",
+    "hbm_GBps": "memory bandwidth, GB/s (a V100: 900)",
+    "fp16_tflops": "dense fp16 tensor-core TFLOP/s, no sparsity (a V100: 125)",
+    "fp32_tflops": "fp32 TFLOP/s on the vector units, no tensor cores (a V100: 15.7)",
+    "bf16_tflops": "dense bf16 TFLOP/s; leave it out where the chip has no bf16 (Volta)",
+    "sms": "streaming multiprocessors (AMD: compute units)",
+    "mhz": "peak (boost) clock, MHz",
+    "vendor": "NVIDIA (default) or AMD",
+    "memory_type": "HBM2, HBM3, GDDR6, ...",
+    "achievable_tflops": "what you measured a long GEMM reach: {fp16: ..., bf16: ..., fp32: ...}",
+}
+DATASHEET_REQUIRED = ("name", "memory_GiB", "hbm_GBps", "fp16_tflops", "fp32_tflops")
+
+
+def from_datasheet(values: Dict[str, object], where: str) -> GPU:
+    """A GPU from a description's already-checked data-sheet figures (cluster_file checks each
+    key's type and range): its rates are the user's measured ones where given, the rest derived
+    (derived_rates). `where` names the file the figures came from."""
+    fp16 = float(values["fp16_tflops"])
+    has_bf16 = values.get("bf16_tflops") is not None
+    g = GPU(str(values["name"]), str(values.get("vendor") or "NVIDIA"), float(values["memory_GiB"]),
+            str(values.get("memory_type") or "HBM"), float(values["hbm_GBps"]), fp16,
+            float(values["fp32_tflops"]), values.get("sms"), values.get("mhz"),
+            f"data sheet figures given in {where}",
+            "described by its data sheet" + ("" if has_bf16 else "; no bf16 rate given: a bf16 run is refused"),
+            bf16=has_bf16)
+    rates = derived_rates(g)
+    for k, v in dict(values.get("achievable_tflops") or {}).items():
+        rates[precision_key(k)] = Rate(float(v), f"measured by the user, given in {where}")
+    return GPU(**{**{f: getattr(g, f) for f in g.__dataclass_fields__}, "rates": tuple(sorted(rates.items()))})

@@ -16,7 +16,7 @@ from neox_perf.profile.sections import RETRAIN
 from neox_perf.profile.values import ProfileInfo
 
 from .artifacts import Arrays
-from .cluster_file import DESCRIPTION_FILE, is_description
+from .cluster_file import DESCRIPTION_FILE, bundled_description, bundled_descriptions, is_description
 from .errors import ProfileError
 from .sampled import ClusterProfile, info_of
 
@@ -28,10 +28,15 @@ def _resolve(name_or_path: Union[str, Path]) -> Path:
     description file."""
     text = str(name_or_path)
     if isinstance(name_or_path, str) and "/" not in text and "\\" not in text:
-        # a bare name: bundled first, so a user profile can never shadow a published one
-        for root in (bundled_dir(), user_profiles_dir()):
-            if _present(root / text):
-                return root / text
+        # a bare name: bundled first, so a user profile can never shadow a published one; then
+        # the bundled descriptions (neox_perf/examples/clusters/NAME.yml), from any directory
+        if _present(bundled_dir() / text):
+            return bundled_dir() / text
+        described = bundled_description(text)
+        if described is not None:
+            return described
+        if _present(user_profiles_dir() / text):
+            return user_profiles_dir() / text
     path = Path(name_or_path).expanduser()
     if profile_dir.is_manifest(path):
         return path.parent
@@ -105,10 +110,19 @@ def _load_description(file: Path, path: Path):
 
 
 def list_profiles() -> List[ProfileInfo]:
-    """Bundled profiles, then the user's (user_profiles_dir()) that a bundled name does not
-    shadow; only those whose manifest (or cluster description) reads cleanly."""
+    """Bundled profiles, the bundled cluster descriptions, then the user's
+    (user_profiles_dir()) that a bundled name does not shadow; only those whose manifest (or
+    cluster description) reads cleanly."""
     out: List[ProfileInfo] = []
-    for root in (bundled_dir(), user_profiles_dir()):
+    for root in (bundled_dir(), None, user_profiles_dir()):
+        if root is None:
+            for file in bundled_descriptions():
+                if not any(info.name == file.stem for info in out):
+                    try:
+                        out.append(_description_info(file, name=file.stem))
+                    except ProfileError:
+                        continue
+            continue
         if not root.is_dir():
             continue
         # dot-directories are writers' new versions and killed swaps' leftovers, not profiles
@@ -119,15 +133,17 @@ def list_profiles() -> List[ProfileInfo]:
                 if profile_dir.has_manifest(directory):
                     out.append(info_of(directory, profile_dir.read(directory)))
                 elif (directory / DESCRIPTION_FILE).is_file():
-                    out.append(_description_info(directory))
+                    out.append(_description_info(directory / DESCRIPTION_FILE, directory))
             except ProfileError:
                 continue
     return out
 
 
-def _description_info(directory: Path) -> ProfileInfo:
+def _description_info(file: Path, path: Path = None, name: str = None) -> ProfileInfo:
+    """A description's listing: `path` is what load_profile takes (its directory, or the
+    file), `name` what --cluster takes (a bundled file's stem)."""
     from . import cluster_file
-    desc = cluster_file.read(directory / DESCRIPTION_FILE)
-    return ProfileInfo(desc.name, directory, desc.gpu.name,
+    desc = cluster_file.read(file)
+    return ProfileInfo(name or desc.name, path or file, desc.gpu.name,
                        f"description: {desc.gpu.name} nodes, samples transferred from {desc.base}",
                        description=True)

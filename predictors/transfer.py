@@ -229,6 +229,10 @@ class TransferredProfile:
                 f"operators transferred {b.name} -> {t.name} by arithmetic intensity: compute-bound "
                 f"time x{pb / pt:.3g} ({pb:g} -> {pt:g} TFLOP/s fp16, {rates}), bandwidth-bound x{b.hbm_gbps / t.hbm_gbps:.3g} ({b.hbm_gbps:g} -> "
                 f"{t.hbm_gbps:g} GB/s), blended per sample by the {self.method} roofline ratio")
+        derived = gpus.rates_from_datasheet(t) if not self.same_gpu else []
+        if derived:
+            summary.append(f"{t.name}'s achievable {'/'.join(derived)} rates are derived from its data sheet, "
+                           f"not measured: {t.achievable(derived[0]).source}")
         if b.vendor != t.vendor:
             summary.append(f"{b.vendor} samples transferred to an {t.vendor} GPU: kernels, libraries and "
                            f"collectives differ beyond what peak rates say; expect large errors")

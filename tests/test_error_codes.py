@@ -19,9 +19,11 @@ def test_run_errors_are_data_errors():
     assert FromRunError("a\n b (fix: c)").line() == "a b (fix: c)"
 
 
-def test_a_run_dir_without_data_is_a_data_error_and_a_missing_one_usage(tmp_path, capsys):
-    assert main(["report", str(tmp_path / "nope"), "--json"]) == exitcodes.USAGE
-    capsys.readouterr()
+def test_a_run_dir_without_data_or_missing_is_a_data_error(tmp_path, capsys):
+    # missing, as a missing config file is: a data error (issue 32), with a fix
+    assert main(["report", str(tmp_path / "nope"), "--json"]) == exitcodes.INVALID_CONFIG
+    out, err = capsys.readouterr()
+    assert json.loads(out)["exit_code"] == exitcodes.INVALID_CONFIG and "fix:" in err
     code = main(["report", str(tmp_path), "--json"])  # there, but no rank wrote a summary
     out, err = capsys.readouterr()
     assert code == exitcodes.INVALID_CONFIG and json.loads(out)["exit_code"] == exitcodes.INVALID_CONFIG

@@ -56,6 +56,7 @@ def test_profiles_and_examples_shipped(wheel):
     # the 40 GB Perlmutter node and the example DGX are descriptions, not trained profiles
     assert "neox_perf/profiles/perlmutter-a100/cluster.yml" in names
     assert "neox_perf/examples/clusters/dgx-a100.yml" in names
+    assert "neox_perf/examples/clusters/perlmutter-ss11.yml" in names  # found by name (issue 32)
     assert "neox_perf/calibration/plans/quick.yml" in names
 
 

@@ -22,7 +22,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--gpus-per-node", type=int,
                         help="GPUs per node (default: the cluster's)")
     parser.add_argument("--cluster", required=True,
-                        help="cluster profile name, profile directory or cluster YAML")
+                        help="a bundled profile or description by name (`neox-perf clusters`), a "
+                             "profile directory, or your cluster description YAML")
     parser.add_argument("--vocab-size", type=int,
                         help="raw tokenizer vocabulary, when the tokenizer file is not readable here")
     parser.add_argument("--memory-headroom", type=_fraction, default=0.9, metavar="FRACTION",

@@ -52,7 +52,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--gpus-per-node", type=_positive_int, help="GPUs per node of the logged run")
     parser.add_argument("--vocab-size", type=_positive_int,
                         help="raw tokenizer vocabulary, when the tokenizer file is not readable here")
-    parser.add_argument("--cluster", help="cluster profile name or directory to predict with "
+    parser.add_argument("--cluster", help="cluster to predict with: a name (`neox-perf clusters`), a profile "
+                                          "directory or a cluster description YAML "
                                           "(default: the one the run used, else NEOX_PERF_CLUSTER)")
     parser.add_argument("--top", type=int, default=10,
                         help="operators and unmapped events to list (default 10)")
@@ -60,11 +61,9 @@ def add_arguments(parser) -> None:
 
 
 def report_result(run_dir: str, cluster: Optional[str] = None, top: int = 10) -> ReportResult:
-    """The report of a run dir. One that is not there is a usage error; one whose data cannot
-    be reported raises runs.report.ReportError (the data-error exit)."""
+    """The report of a run dir. One that is not there, or whose data cannot be reported,
+    raises runs.report.ReportError: the data-error exit, as a missing config file has."""
     from ..runs.report import build
-    if not os.path.isdir(run_dir):
-        raise UsageError(f"{os.path.abspath(run_dir)}: no such run dir")
     return ReportResult(build(run_dir, cluster=cluster, top=top))
 
 

@@ -32,7 +32,8 @@ def add_arguments(parser) -> None:
     import argparse
     parser.add_argument("--run-dir", help=f"where the run's artefacts go "
                                           f"(default ./{DEFAULT_ROOT}/<timestamp>)")
-    parser.add_argument("--cluster", help="cluster profile to predict with "
+    parser.add_argument("--cluster", help="cluster to predict with: a name (`neox-perf clusters`), a profile "
+                                          "directory or a cluster description YAML "
                                           "(default: NEOX_PERF_CLUSTER; none: no prediction)")
     parser.add_argument("--windows", help="profiling windows, e.g. skip=5,warmup=1,active=2,"
                                           "every=50,repeat=3, or off")

@@ -46,6 +46,12 @@ def bundled_dir() -> Path:
     return Path(__file__).resolve().parents[1] / "profiles"
 
 
+def bundled_descriptions_dir() -> Path:
+    """The cluster descriptions this package ships (neox_perf/examples/clusters/NAME.yml): a
+    bare `--cluster NAME` finds them after the bundled profiles, from any directory."""
+    return Path(__file__).resolve().parents[1] / "examples" / "clusters"
+
+
 def is_bundled(path) -> bool:
     """Whether a profile directory is one this package ships (read-only: never written)."""
     return Path(path).resolve().parent == bundled_dir().resolve()

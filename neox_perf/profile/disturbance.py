@@ -121,8 +121,9 @@ def from_calibration(name: str, runs: Sequence[Mapping[str, Any]], disturbed: in
 
 def profile_warnings(profile) -> List[str]:
     """The warnings a report made with ``profile`` carries: its own calibration's, and those of
-    the sampled profile a cluster description stands on."""
-    out: List[str] = []
+    the sampled profile a cluster description stands on; a description's values near the edge of
+    their physical range (predictors/cluster_file.RANGES)."""
+    out: List[str] = list(getattr(getattr(profile, "description", None), "warnings", ()) or ())
     for p in (profile, getattr(profile, "base", None)):
         manifest = getattr(p, "manifest", None)
         section = getattr(manifest, "disturbance", None)

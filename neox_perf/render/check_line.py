@@ -15,11 +15,29 @@ def _s(x: float) -> str:
     return f"{x:.3g}"
 
 
+def _cluster_arg(result) -> str:
+    """What --cluster took: a bundled name, or the path of the user's profile or description."""
+    from ..profile.directory import bundled_descriptions_dir, bundled_dir
+    path = getattr(result.profile, "path", None)
+    if path is None or path.resolve().parent in (bundled_dir().resolve(), bundled_descriptions_dir().resolve()):
+        return result.profile_name
+    return str(path)
+
+
+def _has_sets(result) -> bool:
+    from ..config.loader import SET_SOURCE
+    return SET_SOURCE in (result.config.sources or {}).values()
+
+
 def line(result) -> str:
     cfg, d, est = result.config, result.derived, result.estimate
     p = cfg.parallel
     nodes = -(-p.world_size // p.gpus_per_node) if p.gpus_per_node else None
-    where = f"{p.world_size} GPUs" + (f" ({nodes} nodes x {p.gpus_per_node})" if result.facts else "")
+    where = f"{p.world_size} GPU{'' if p.world_size == 1 else 's'}"
+    if result.facts and nodes == 1 and p.world_size < p.gpus_per_node:
+        where += f" (part of a node of {p.gpus_per_node})"
+    elif result.facts:
+        where += f" ({nodes} node{'' if nodes == 1 else 's'} x {p.gpus_per_node})"
     fields = [f"{where} pp{p.pipe_parallel_size} mp{p.model_parallel_size} dp{p.data_parallel_size}"]
     pred = result.prediction_dict() if est is not None else None
     if pred is not None:
@@ -35,7 +53,11 @@ def line(result) -> str:
     summary = result.summary()
     fields.append(f"{summary['level'].upper()}: {summary['text']}")
     if result.suggestion is not None:
-        fields.append(result.suggestion.set_flags())
+        # labelled: beside the first warning's text, the flags may fix another one
+        s = result.suggestion
+        label = "fits as" if s.reason == "fits" else (
+            f"{s.speedup:.2g}x faster layout" if s.speedup else "faster layout")
+        fields.append(f"{label}: {s.fix(cfg.files, _cluster_arg(result), _has_sets(result))}")
     if pred is not None and pred.get("slurm_time"):
         fields.append(f"sbatch --time={pred['slurm_time']}")
     return "neox-perf check: " + " | ".join(fields)

@@ -305,9 +305,38 @@ def _render_suggestion(result, console) -> None:
                              f"them all")
     console.print(Panel(grid, title=head, title_align="left"))
     # outside the panel, a flag never split from its value: the lines paste into a shell
+    from .check_line import _has_sets
+    fix = s.fix(result.config.files, _cluster_arg(result), _has_sets(result))
+    if not fix.startswith("--"):  # too many flags to paste: plan writes them into a file
+        keys = s.set_flags().count("--set ")
+        console.print(Text(f"{keys} keys change: write them to best.yml, then add it to your config files:",
+                           style="bold"))
+        command = s.plan_command(result.config.files, _cluster_arg(result), _has_sets(result))
+        for line in _packed(command.replace(" <your --set flags>", " <your-set-flags>").split(" "),
+                            console.width):
+            console.print(Text(line.replace("<your-set-flags>", "<your --set flags>")),
+                          overflow="ignore", crop=False)
+        return
     console.print(Text("paste after your config files:", style="bold"))
     for line in paste_lines(s.set_flags().split(" --"), console.width):
         console.print(Text(line), overflow="ignore", crop=False)
+
+
+def _cluster_arg(result) -> str:
+    from .check_line import _cluster_arg as arg
+    return arg(result)
+
+
+def _packed(words, width: int):
+    """Words packed into lines of at most `width`, continued with a backslash."""
+    lines, cur = [], ""
+    for w in words:
+        if cur and len(cur) + 1 + len(w) + 2 > width - 2:
+            lines.append(cur + " \\")
+            cur = w
+        else:
+            cur = f"{cur} {w}" if cur else w
+    return lines + ([cur] if cur else [])
 
 
 def paste_lines(flags, width: int):

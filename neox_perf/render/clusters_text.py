@@ -19,7 +19,7 @@ def render(result, console) -> None:
     if result.gpus is not None:
         _render_gpus(result.gpus, console)
         return
-    table = Table(title="Cluster profiles", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    table = Table(title="Cluster profiles and descriptions (--cluster NAME)", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     for col in ("name", "GPU", "memory", "GPUs/node", "between nodes"):
         table.add_column(col, no_wrap=col != "between nodes")
     for p in result.profiles:
@@ -38,8 +38,10 @@ def render(result, console) -> None:
         console.print(f"  {p['name']}: {samples}" + (f"; measured {when}" if when else ""))
     console.print("Between nodes: the bus bandwidth of a 1 GiB all-reduce over two nodes, per GPU, as "
                   "the profile predicts it: a sampled profile predicts the network its samples ran on. "
-                  f"For your own nodes, a cluster description YAML (see {DESCRIBE_YOUR_NODES}) works "
-                  "wherever a profile name does; `neox-perf clusters --gpus` lists the GPUs it can name.")
+                  f"A description goes by its name from any directory (--cluster dgx-a100). For your own "
+                  f"nodes, a cluster description YAML (see {DESCRIBE_YOUR_NODES}) works wherever a "
+                  "profile name does; `neox-perf clusters --gpus` lists the GPUs it can name, and "
+                  "any other GPU is given by its data sheet's figures.")
 
 
 def _render_gpus(rows, console) -> None:

@@ -298,12 +298,16 @@ def measured_job(run_dir: str) -> Tuple[dict, Dict[str, Any]]:
 def build(run_dir: str, cluster: Optional[str] = None, profile=None, top: int = 10) -> Dict[str, Any]:
     run_dir = os.path.abspath(run_dir)
     if not os.path.isdir(run_dir):
-        raise ReportError(f"{run_dir}: no such run dir")
+        raise ReportError(f"{run_dir}: no such run dir (fix: pass the directory `neox-perf run` printed, "
+                          f"neox-perf-runs/<timestamp>, or GPT-NeoX's training log with --config)")
     notes: List[str] = []
     summaries = runfiles.read_rank_summaries(run_dir)
     if not summaries:
+        errors = os.path.join(run_dir, "errors.log")
         raise ReportError(f"{run_dir}: no rank summaries: the hook never attached to a DeepSpeed "
-                          f"engine (did the command call deepspeed.initialize? see errors.log)")
+                          f"engine (did the command call deepspeed.initialize?"
+                          + (f" see {errors})" if os.path.isfile(errors) else
+                             " fix: run the job with `neox-perf run -- ...`)"))
     ranks = _pick_job(summaries, notes)
     ref = ranks[0]
     facts = ref.get("facts") or {}

@@ -79,7 +79,8 @@ def test_clusters_gpus_json_keys():
     names = [g["name"] for g in data["gpus"]]
     assert {"A100-SXM4-40GB", "GH200-96GB", "MI300X", "B200"} <= set(names)
     keys = {"name", "vendor", "memory_gib", "memory_bytes", "memory_type", "hbm_gbps", "fp16_tflops", "tf32_tflops",
-            "fp32_tflops", "sms", "boost_mhz", "source", "note", "ridge_flops_per_byte", "achievable_tflops"}
+            "fp32_tflops", "sms", "boost_mhz", "source", "note", "bf16", "ridge_flops_per_byte",
+            "achievable_tflops"}
     for g in data["gpus"]:
         assert set(g) == keys and g["source"]
     code, text, _ = _run(["clusters", "--gpus"])
