@@ -19,7 +19,7 @@ from .engine_terms import EngineTerms
 from .errors import ProfileError
 from .operators import CommCall, Decomposition, OpCall, StageWork
 from .profile.protocol import Profile
-from .profile.values import LINK_MODEL
+from .collective_sources import ENGINE_RUNS, LINK_MODEL
 from .step_terms import DATA_PARALLEL, FABRIC_NODES_FITTED, INSIDE_NODE, StepTerms, of_profile, regime_of
 from .timeline import StageCost, StageCostError, Timeline, simulate_1f1b
 
@@ -81,9 +81,6 @@ class IterationEstimate:
     collective_sources: Dict[str, str] = field(default_factory=dict)
 
 
-# a collective the engine terms price from the calibration's own engine runs
-ENGINE_MEASURED = "engine runs"
-
 _RANK = {"sampled": 0, "in range": 1, "interpolated": 1, "extrapolated": 2}
 
 
@@ -103,7 +100,7 @@ class _Cache:
         self.capped_only: set = set()  # flags whose call was capped, not extrapolated
         self.extrapolated: set = set()  # memo keys whose prediction left the sampled range
         self.coverage: Dict[str, Any] = {}  # "op phase" -> its least-covered shape
-        # per collective purpose, where its prices came from (profile.values.COLLECTIVE_SOURCES)
+        # per collective purpose, where its prices came from (neox_perf.collective_sources)
         self.sources: Dict[str, set] = {}
 
     def time(self, call) -> float:
@@ -121,7 +118,7 @@ class _Cache:
             measured = (self.engine.tp_allreduce(call) if call.purpose == "mp_allreduce"
                         else self.engine.dp_collective(call))
             if measured is not None:
-                self.sources.setdefault(call.purpose, set()).add(ENGINE_MEASURED)
+                self.sources.setdefault(call.purpose, set()).add(ENGINE_RUNS)
                 return measured
         if key not in self.memo:
             pred = self.profile.predict_collective(call.kind, call.elements, call.nodes,

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from .errors import ProfileError, reading, text
-from .profile.values import LINK_MODEL
+from .collective_sources import LINK_MODEL
 
 # Operators whose time is set by arithmetic throughput; the rest are memory-bound.
 COMPUTE_BOUND = frozenset({"linear1", "linear2", "linear3", "linear4", "linear_final", "qk", "av",
@@ -113,7 +113,7 @@ class StepTerms:
                    source: str = LINK_MODEL) -> float:
         """In-situ seconds of a collective of `ranks` ranks over `nodes` nodes that the samples
         (or the link model) time at `seconds` in isolation. `source`: where that time comes from
-        (neox_perf.profile.values.COLLECTIVE_SOURCES).
+        (neox_perf.collective_sources).
 
         dp_fabric_per_doubling is what a link model at a reference efficiency lacks against a
         real fabric under a whole job's load (fitted where the development sets' collectives are

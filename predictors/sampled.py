@@ -22,7 +22,8 @@ from neox_perf import opspec
 from neox_perf.profile.facts import ClusterFacts
 from neox_perf.profile.manifest import Manifest
 from neox_perf.profile.sections import Provenance
-from neox_perf.profile.values import SAMPLED, BatchPrediction, Coverage, Prediction, ProfileInfo
+from neox_perf.collective_sources import SAMPLED
+from neox_perf.profile.values import BatchPrediction, Coverage, Prediction, ProfileInfo
 
 from . import baseline, extrapolate, line_rate
 from .artifacts import Arrays, Model

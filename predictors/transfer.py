@@ -45,7 +45,8 @@ import numpy as np
 from neox_perf import opspec
 from neox_perf.profile.facts import ClusterFacts, Link
 from neox_perf.profile.models import ModelEntry
-from neox_perf.profile.values import LINK_MODEL, SAMPLED, Prediction, ProfileInfo
+from neox_perf.collective_sources import LINK_MODEL, SAMPLED
+from neox_perf.profile.values import Prediction, ProfileInfo
 
 from . import achievable, baseline, gpus
 from .cluster_file import ClusterDescription

@@ -118,10 +118,11 @@ def test_the_fp32_note_names_fp16_samples_only_when_they_are(write_yaml):
     derived = derive(cfg, 50257)
     gpu = RooflineProfile()
     gpu.facts = _Facts("NVIDIA A100-SXM4-80GB")
-    notes = predict(cfg, derived, gpu).decomposition.notes
+    # priced as IEEE fp32 (what a run without TF32 has; the TF32 side is tests/predictors/test_tf32.py)
+    notes = predict(cfg, derived, gpu, tf32=False, tf32_source="the test").decomposition.notes
     assert FP32_FROM_FP16 not in notes
-    assert any("fp32 run priced from fp16 operator samples at A100-SXM4-80GB" in n and "allow_tf32" in n
-               for n in notes)
+    assert any("fp32 run priced from fp16 operator samples at A100-SXM4-80GB" in n
+               and "matmuls as IEEE fp32: the test" in n for n in notes), notes
     cpu = RooflineProfile()
     cpu.facts = _Facts("AMD EPYC 7763 64-Core Processor (CPU)")
     cpu.manifest = Manifest("cpu", calibration=Calibration(dtype="fp32", device="cpu"))
@@ -140,7 +141,8 @@ def _limited(write_yaml, precision_yaml, facts, flops=1e14):
                       WorldRequest(gpus=1, gpus_per_node=1))
     prof = RooflineProfile(flops=flops)
     prof.facts = facts
-    return predict(cfg, derive(cfg, 50257), prof)
+    # fp32 priced as IEEE fp32, as a run without TF32 computes it (TF32: tests/predictors/test_tf32.py)
+    return predict(cfg, derive(cfg, 50257), prof, tf32=False, tf32_source="the test")
 
 
 def test_no_operator_call_beats_the_gpus_achievable_rate(write_yaml):

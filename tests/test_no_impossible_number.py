@@ -117,8 +117,9 @@ def _check(paths):
                         pred = predict(cfg, derived, prof, tf32=tf32)
                     except NeoxPerfError as exc:
                         line = exc.line()
-                        assert precision == "fp32" and "\n" not in line and (
-                            "no measured" in line or "no TF32 rate" in line), line
+                        assert "\n" not in line and (
+                            (precision == "fp32" and ("no measured" in line or "no TF32 rate" in line))
+                            or (precision == "bf16" and not gpu.bf16 and "no bf16" in line)), line
                         refused.add((gpu.name, way))
                         continue
                     ran = way
@@ -139,7 +140,8 @@ def _check(paths):
 def _assert_covered(seen, refused):
     for g in gpus.GPUS:
         for way in ("fp16", "bf16", *FP32_MATMULS):
-            if way in FP32_MATMULS and g.achievable("fp32") is None or way == "tf32" and g.achievable("tf32") is None:
+            if (way in FP32_MATMULS and g.achievable("fp32") is None or way == "tf32" and g.achievable("tf32") is None
+                    or way == "bf16" and not g.bf16):
                 assert (g.name, way) in refused and (g.name, way) not in seen, (g.name, way)
             else:
                 assert (g.name, way) in seen, (g.name, way)

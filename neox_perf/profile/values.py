@@ -14,17 +14,12 @@ class Prediction:
     seconds: float
     extrapolated: bool
     reason: str = ""
-    # where a collective's time comes from (COLLECTIVE_SOURCES); operators leave it empty. A
+    # where a collective's time comes from (neox_perf.collective_sources); operators leave it
+    # empty, as does a profile whose collectives say neither (a test double, an older kind). A
     # correction fitted against one source rides on that source's prices alone
     # (step_terms.StepTerms.collective): a link model lacks what a sampled fabric already shows.
     source: str = ""
 
-
-# A collective priced from samples measured on this cluster's own links (the fabric's loss under
-# load is in them); from a description's link model (line rate x a reference efficiency); or
-# by a profile whose collectives say neither (a test double, an older kind).
-SAMPLED, LINK_MODEL = "sampled", "link model"
-COLLECTIVE_SOURCES = (SAMPLED, LINK_MODEL)
 
 
 @dataclass(frozen=True)
