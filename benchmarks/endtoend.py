@@ -125,8 +125,29 @@ def _held_out_interval(cases, predicted, shares, fold_of, pool=None):
 
 
 def _rank_line(rankings) -> str:
+    if len(rankings) > 6:  # vTrain's single-node set: 64 (model, GPUs, batch) groups
+        rho = np.array([r.spearman for r in rankings])
+        reg = np.array([r.regret for r in rankings])
+        worst = min(rankings, key=lambda r: r.spearman)
+        return (f"{len(rankings)} groups: Spearman median {np.median(rho):.2f} (worst {worst.spearman:.2f}, "
+                f"{_group_name(worst.group)}), >= 0.8 in {int(np.sum(rho >= 0.8))}; regret median "
+                f"{np.median(reg):.3f}, worst {reg.max():.3f}, <= 1.03 in {int(np.sum(reg <= 1.03))}")
     return "; ".join(f"{_group_name(r.group)} ({r.layouts} layouts): Spearman {r.spearman:.2f}, regret "
                      f"{r.regret:.3f}" for r in rankings) or f"no model with {cluster_cv.MIN_LAYOUTS} layouts"
+
+
+def _rank_record(rankings):
+    """What a profile stores of the rankings: each group, or a summary past six (64 groups of
+    vTrain's single-node set would fill the manifest)."""
+    if len(rankings) > 6:
+        rho = [r.spearman for r in rankings]
+        reg = [r.regret for r in rankings]
+        return {"groups": len(rankings), "spearman_median": float(np.median(rho)), "spearman_min": min(rho),
+                "regret_median": float(np.median(reg)), "regret_max": max(reg),
+                "groups_spearman_at_least_0.8": sum(x >= 0.8 for x in rho),
+                "groups_regret_at_most_1.03": sum(x <= 1.03 for x in reg)}
+    return [{"group": _group_name(r.group), "layouts": r.layouts, "spearman": r.spearman, "regret": r.regret}
+            for r in rankings]
 
 
 def _group_name(group) -> str:
@@ -219,8 +240,7 @@ def _leave_one_cluster_out(args, single_runs, single, multi_runs, multi, profile
             print(f"    without {n:>22}: MAPE {mape:6.2f}% (with it {whole['mape']:.2f}%), Spearman "
                   f"{rho:.2f} (with it {base_rho:.2f}) -> {verdict}")
         out["section"][held] = {"fitted_on": other, "every_run": whole, "by_model": per_model,
-                                "rankings": [{"group": _group_name(r.group), "layouts": r.layouts,
-                                              "spearman": r.spearman, "regret": r.regret} for r in ranks],
+                                "rankings": _rank_record(ranks),
                                 "terms_left_out": verdicts}
     # the interval of a cluster nothing was fitted on, per regime; checked on each cluster with
     # the width the other cluster's transfer residuals give, then made from both for the profiles
