@@ -169,16 +169,20 @@ def inconsistent(runs: Sequence[Run], ratio: float = INCONSISTENT_RATIO) -> List
 
 def build_config(run: Run, gpus_per_node: int):
     """(NeoxConfig, DerivedModel) of a run, through the same path as a user's YAML."""
+    return _built(run, gpus_per_node, "vtrain row", str(run), VTRAIN_VOCAB)
+
+
+def _built(run: Run, gpus_per_node: int, source: str, label: str, vocab: int):
     from neox_perf.config import WorldRequest, build
     from neox_perf.config.loader import RawConfig
     from neox_perf.derive import derive
     values = run.neox_values()
-    raw = RawConfig(values=values, sources={k: "<vtrain row>" for k in values}, files=["<vtrain row>"])
+    raw = RawConfig(values=values, sources={k: f"<{source}>" for k in values}, files=[f"<{source}>"])
     cfg, verdicts, _ = build(raw, WorldRequest(gpus=run.gpus, gpus_per_node=gpus_per_node))
     errors = [v for v in verdicts if v.level == "error"]
     if errors:
-        raise ValueError(f"vtrain row {run}: {errors[0].message}")
-    return cfg, derive(cfg, VTRAIN_VOCAB)
+        raise ValueError(f"{source} {label}: {errors[0].message}")
+    return cfg, derive(cfg, vocab)
 
 
 def layouts(runs: Sequence[Run]) -> List[Tuple[int, int, int]]:
@@ -292,13 +296,4 @@ def _section(notes: str) -> str:
 
 def build_bloom_config(run: BloomRun, gpus_per_node: int):
     """(NeoxConfig, DerivedModel) of a BLOOM row, through the same path as a user's YAML."""
-    from neox_perf.config import WorldRequest, build
-    from neox_perf.config.loader import RawConfig
-    from neox_perf.derive import derive
-    values = run.neox_values()
-    raw = RawConfig(values=values, sources={k: "<bloom row>" for k in values}, files=["<bloom row>"])
-    cfg, verdicts, _ = build(raw, WorldRequest(gpus=run.gpus, gpus_per_node=gpus_per_node))
-    errors = [v for v in verdicts if v.level == "error"]
-    if errors:
-        raise ValueError(f"bloom row {run.row_id}: {errors[0].message}")
-    return cfg, derive(cfg, run.vocab)
+    return _built(run, gpus_per_node, "bloom row", run.row_id, run.vocab)
