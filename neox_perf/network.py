@@ -17,7 +17,9 @@ from .errors import ProfileError
 # An all-reduce of 1 GiB of fp16 gradients (a 0.5B-parameter stage's) across two nodes: large
 # enough that latency is noise, small enough to sit in every profile's sampled range.
 PROBE_ELEMENTS = 2 ** 29
-DESCRIBE_YOUR_NODES = "neox_perf/examples/clusters/dgx-a100.yml"
+# where a user whose nodes are not the sampled ones goes next: a bundled description by name
+# (resolved from any directory), or one of their own written like it
+DESCRIBE_YOUR_NODES = "--cluster dgx-a100, or your own YAML like it: `neox-perf clusters` lists them"
 
 
 @dataclass(frozen=True)

@@ -104,7 +104,7 @@ def render(result, console) -> None:
         if result.network is not None:
             net = result.network.line()
             if result.network.how == "sampled":  # the nodes the samples ran on, not yours
-                net += f"; for other nodes, describe them (see {DESCRIBE_YOUR_NODES})"
+                net += f"; for other nodes: {DESCRIBE_YOUR_NODES}"
             head.add_row("network", net)
     if d is not None:
         head.add_row("parameters", f"{d.params.unique:,} total ({_n(d.params.unique)}); "

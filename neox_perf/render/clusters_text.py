@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from rich import box
 
-from ..network import DESCRIBE_YOUR_NODES
 from rich.table import Table
 
 
@@ -39,7 +38,7 @@ def render(result, console) -> None:
     console.print("Between nodes: the bus bandwidth of a 1 GiB all-reduce over two nodes, per GPU, as "
                   "the profile predicts it: a sampled profile predicts the network its samples ran on. "
                   f"A description goes by its name from any directory (--cluster dgx-a100). For your own "
-                  f"nodes, a cluster description YAML (see {DESCRIBE_YOUR_NODES}) works wherever a "
+                  f"nodes, a cluster description YAML (docs/cluster-descriptions.md) works wherever a "
                   "profile name does; `neox-perf clusters --gpus` lists the GPUs it can name, and "
                   "any other GPU is given by its data sheet's figures.")
 
