@@ -185,7 +185,9 @@ def _leave_one_cluster_out(args, single_runs, single, multi_runs, multi, profile
     vtrain_groups = ([("single-node", f"h{r.hidden}", f"L{r.layers}", f"{r.gpus} GPUs", f"gb{r.global_batch}")
                       for r in single_runs] + [(f"{r.model}B",) for r in multi_runs])
     vtrain_models = ["single-node"] * len(single) + [f"{r.model}B" for r in multi_runs]
-    bloom_groups = [(f"{r.model}B", r.date) for r in bloom_runs]
+    # one job: one model at one global batch, timed on one day (Jean Zay's speed moved from day
+    # to day; its batch-size ramp rows are another job)
+    bloom_groups = [(f"{r.model}B", r.date, f"gb{r.global_batch}") for r in bloom_runs]
     bloom_models = [f"{r.model}B" for r in bloom_runs]
     regimes = [INSIDE_NODE] * len(single) + [ACROSS_NODES] * (len(multi) + 0)
     t0 = time.perf_counter()
