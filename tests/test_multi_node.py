@@ -151,3 +151,21 @@ def test_pipeline_sends_cross_nodes_only_on_the_boundaries_that_do():
     assert {p2p_placement(b, 8, 8) for b in range(3)} == {(2, 1)}
     # stages of 3 ranks on 4-GPU nodes: ranks 3 -> 6 and 2 -> 5 straddle nodes
     assert p2p_placement(0, 3, 4) == (2, 1)
+
+
+def test_the_bloom_layout_search_reads_as_neox_configs():
+    """BigScience's BLOOM rows (the second cluster of benchmarks/endtoend.py): every row builds
+    through the same path as a user's YAML, with its own layout, precision and optimizer."""
+    try:
+        runs = devset.load_bloom()
+    except FileNotFoundError:
+        pytest.skip("../shared/data/bloom-jean-zay is not present")
+    assert len(runs) == 106 and sum(r.oom for r in runs) == 6
+    assert sum(r.peak_mem_gb is not None for r in runs) == 60
+    timed = devset.load_bloom(timed_only=True)
+    assert len(timed) == 100 and all(r.seconds > 0 and not r.oom for r in timed)
+    assert all(r.date.startswith("2022-02") for r in runs)
+    for r in (runs[0], next(r for r in runs if r.precision == "bf16")):
+        cfg, derived = devset.build_bloom_config(r, 8)
+        assert derived.padded_vocab == 250880 and cfg.parallel.world_size == r.gpus
+        assert (cfg.model.pos_emb, cfg.training.precision) == ("alibi", "bfloat16" if r.precision == "bf16" else "fp16")

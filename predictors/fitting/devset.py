@@ -122,12 +122,18 @@ def load_vtrain_multi(path: Optional[Path] = None) -> List[Run]:
     return _load(path, VTRAIN_MULTI_CSV)
 
 
+def _csv_path(path: Optional[Path], default: Path) -> Path:
+    """`path`, or `default` under ../shared/; FileNotFoundError where there is no shared/."""
+    if path is not None:
+        return path
+    shared = find_shared()
+    if shared is None:
+        raise FileNotFoundError(f"../shared/{default.as_posix()} not found")
+    return shared / default
+
+
 def _load(path: Optional[Path], default: Path) -> List[Run]:
-    if path is None:
-        shared = find_shared()
-        if shared is None:
-            raise FileNotFoundError(f"../shared/{default.as_posix()} not found")
-        path = shared / default
+    path = _csv_path(path, default)
     runs = []
     with open(path, newline="", encoding="utf-8") as fh:
         for row in csv.DictReader(fh):
@@ -246,11 +252,7 @@ class BloomRun(Run):
 def load_bloom(path: Optional[Path] = None, *, timed_only: bool = False) -> List[BloomRun]:
     """Every row of the BLOOM layout search (timed_only: those with a measured iteration);
     FileNotFoundError when the file is absent."""
-    if path is None:
-        shared = find_shared()
-        if shared is None:
-            raise FileNotFoundError(f"../shared/{BLOOM_CSV.as_posix()} not found")
-        path = shared / BLOOM_CSV
+    path = _csv_path(path, BLOOM_CSV)
     runs = []
     with open(path, newline="", encoding="utf-8") as fh:
         for row in csv.DictReader(fh):
