@@ -11,6 +11,8 @@ for all-reduce, which NCCL's ring and tree reach at best.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from neox_perf import opspec
 
 
@@ -27,7 +29,13 @@ def floor_seconds(facts, kind: str, elements: float, nodes: int, gpus_per_node: 
     return float(wire) / rate if rate > 0 else 0.0
 
 
-def reason(kind: str, nodes: int, gpus_per_node: int) -> str:
+def at_least(facts, pred, kind: str, elements: float, nodes: int, gpus_per_node: int):
+    """`pred` (a neox_perf.profile.values.Prediction), or the line rate's time where it is faster
+    than the links allow: flagged, so the interval widens for it."""
+    floor = floor_seconds(facts, kind, elements, nodes, gpus_per_node)
+    if pred.seconds >= floor:
+        return pred
     where = "between nodes" if nodes > 1 else "inside the node"
-    return (f"{kind} {nodes}x{gpus_per_node}: priced below the line rate of the links {where}; "
-            f"raised to it")
+    why = f"{kind} {nodes}x{gpus_per_node}: priced below the line rate of the links {where}; raised to it"
+    return replace(pred, seconds=floor, extrapolated=True,
+                   reason=f"{pred.reason}; {why}" if pred.reason else why)

@@ -11,7 +11,6 @@ with predictors/profile.load_profile.
 """
 from __future__ import annotations
 
-from dataclasses import replace
 import math
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Tuple
@@ -227,7 +226,7 @@ class ClusterProfile:
                           f"for {nodes} nodes x {gpus_per_node} GPUs/node"
                           + ("; NCCL latency model below it" if elements < lo else ""))
             out = Prediction(seconds, bool(reason), reason, SAMPLED)
-        out = _at_least_line_rate(self.facts, out, kind, elements, nodes, gpus_per_node)
+        out = line_rate.at_least(self.facts, out, kind, elements, nodes, gpus_per_node)
         if len(self._cache) < 100_000:
             self._cache[key] = out
         return out
@@ -290,17 +289,3 @@ def info_of(path: Path, manifest: Manifest) -> ProfileInfo:
     if versions:
         text += "; trained with " + ", ".join(f"{k} {v}" for k, v in versions.items() if k != "python")
     return ProfileInfo(manifest.name, path, manifest.facts.gpu_name, text)
-
-
-
-
-def _at_least_line_rate(facts, pred: Prediction, kind: str, elements: float, nodes: int,
-                        gpus_per_node: int) -> Prediction:
-    """`pred`, or the line rate's time where it is faster than the links allow (line_rate.py):
-    flagged, so the interval widens for it."""
-    floor = line_rate.floor_seconds(facts, kind, elements, nodes, gpus_per_node)
-    if pred.seconds >= floor:
-        return pred
-    why = line_rate.reason(kind, nodes, gpus_per_node)
-    return replace(pred, seconds=floor, extrapolated=True,
-                   reason=f"{pred.reason}; {why}" if pred.reason else why)

@@ -48,10 +48,10 @@ from neox_perf.profile.models import ModelEntry
 from neox_perf.collective_sources import LINK_MODEL, SAMPLED
 from neox_perf.profile.values import Prediction, ProfileInfo
 
-from . import achievable, baseline, gpus
+from . import achievable, baseline, gpus, line_rate
 from .cluster_file import ClusterDescription
 from .errors import ProfileError
-from .sampled import _at_least_line_rate, collective_args
+from .sampled import collective_args
 
 METHODS = ("roofline", "additive", "fixed_additive")
 TRANSFER_METHOD = "additive"
@@ -341,7 +341,7 @@ class TransferredProfile:
             where = "intra-node" if nodes <= 1 else "inter-node"
             out = Prediction(latency + target, True, f"{kind}: no {where} samples on {self.base.name}; link model "
                                            f"with reference efficiency only", LINK_MODEL)
-        out = _at_least_line_rate(self.facts, out, kind, elements, nodes, gpn)
+        out = line_rate.at_least(self.facts, out, kind, elements, nodes, gpn)
         if len(self._cache) < 100_000:
             self._cache[key] = out
         return out

@@ -21,7 +21,6 @@ class Prediction:
     source: str = ""
 
 
-
 @dataclass(frozen=True)
 class BatchPrediction:
     seconds: np.ndarray
