@@ -110,10 +110,10 @@ class StepTerms:
         return self.micro_batch_s + (self.pipeline_micro_batch_s if pipeline_engine else 0.0)
 
     def collective(self, purpose: str, ranks: int, seconds: float, nodes: int = 1,
-                   source: str = LINK_MODEL) -> float:
+                   source: str = "") -> float:
         """In-situ seconds of a collective of `ranks` ranks over `nodes` nodes that the samples
         (or the link model) time at `seconds` in isolation. `source`: where that time comes from
-        (neox_perf.collective_sources).
+        (neox_perf.collective_sources; "" where the profile does not say, priced as it is).
 
         dp_fabric_per_doubling is what a link model at a reference efficiency lacks against a
         real fabric under a whole job's load (fitted where the development sets' collectives are

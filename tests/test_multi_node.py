@@ -7,6 +7,7 @@ import pytest
 
 from neox_perf.predict import load_cluster, predict
 from neox_perf.predictors.fitting import devset
+from neox_perf.collective_sources import LINK_MODEL
 from neox_perf.errors import ProfileError
 from neox_perf.step_terms import (ACROSS_NODES, INSIDE_NODE, ONE_NIC_PER_GPU, REGIMES, Interval, Intervals,
                                   StepTerms, StepTermsSection, of_profile)
@@ -67,10 +68,11 @@ def test_the_multi_node_set_reads_with_its_models():
 
 def test_the_data_parallel_term_scales_only_data_parallel_collectives_across_nodes():
     t = StepTerms(dp_fabric_per_doubling=0.5, tp_sync_s=1e-4)
-    assert t.collective("dp_allreduce", 64, 0.1, nodes=8) == pytest.approx(0.1 * (1 + 0.5 * 3))
-    assert t.collective("dp_allgather", 64, 0.1, nodes=8) == pytest.approx(0.25)
-    assert t.collective("dp_allreduce", 16, 0.1, nodes=2) == pytest.approx(0.15)  # one doubling
-    assert t.collective("dp_allreduce", 8, 0.1, nodes=1) == pytest.approx(0.1)  # inside a node
+    link = dict(source=LINK_MODEL)  # the prices the term was fitted against (tests/test_collective_sources.py)
+    assert t.collective("dp_allreduce", 64, 0.1, nodes=8, **link) == pytest.approx(0.1 * (1 + 0.5 * 3))
+    assert t.collective("dp_allgather", 64, 0.1, nodes=8, **link) == pytest.approx(0.25)
+    assert t.collective("dp_allreduce", 16, 0.1, nodes=2, **link) == pytest.approx(0.15)  # one doubling
+    assert t.collective("dp_allreduce", 8, 0.1, nodes=1, **link) == pytest.approx(0.1)  # inside a node
     # a tensor-parallel group across nodes keeps its own in-situ rule
     assert t.collective("mp_allreduce", 16, 0.1, nodes=2) == pytest.approx(0.1 + 1e-4 * 4)
     with pytest.raises(ValueError):
