@@ -102,8 +102,8 @@ ROBUST_SCALE = 0.05
 # BLOOM's layout search) would otherwise put the whole difference on whichever term bends
 # furthest -- a memory-bound scale of 1.9 that then predicts small models 65% slow. Each
 # term's deviation from its neutral value (StepTerms()) by PRIOR_SD costs what one run off by
-# ROBUST_SCALE does: nothing against the 1,486 vTrain runs (their fit moves < 0.1%), decisive
-# where the runs say nothing. Magnitudes: an operator's in-situ slowdown of 10% (compute) or
+# ROBUST_SCALE does: little against the 1,486 vTrain runs (no term of their fit moved by more
+# than 3.5%: p2p 0.284 -> 0.274 ms), decisive where the runs say nothing. Magnitudes: an operator's in-situ slowdown of 10% (compute) or
 # 20% (memory-bound); a launch's host cost of 20 us (CUDA launch latency is 5-10 us, a framework
 # call several); a collective's barrier 0.1 ms; a pipeline handshake or a micro-batch's engine
 # work 1-2 ms; a step's bookkeeping 20 ms; a queue coupling of 0.2. Nothing before a run says
