@@ -220,7 +220,7 @@ class BloomRun(Run):
     vocab: int = BLOOM_VOCAB
     precision: str = "fp16"
     zero_stage: int = 1
-    peak_mem_gb: Optional[float] = None  # nvidia-smi used memory, GB as printed (1e9? see README)
+    peak_mem_gb: Optional[float] = None  # nvidia-smi used memory as printed: GiB (nvidia-smi prints MiB; benchmarks/memory_bloom.py)
     oom: bool = False
     row_id: str = ""
     date: str = ""  # the day the row was timed: Jean Zay's speed varied from day to day
