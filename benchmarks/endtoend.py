@@ -154,12 +154,8 @@ def _group_name(group) -> str:
     return " ".join(str(g) for g in group) if isinstance(group, tuple) else str(group)
 
 
-def _around(interval: dict, seconds: float, share: float):
-    return Interval.from_dict(interval).around(seconds, share)
-
-
 def _leave_one_cluster_out(args, single_runs, single, multi_runs, multi, profile, vtrain_terms,
-                           cv_single, cv_multi):
+                           cv_single, cv_multi, cv_shares):
     """Fit on one cluster, predict the other, both ways (vTrain's A100 runs, single- and
     multi-node, against BigScience's BLOOM layout search on Jean Zay): per cluster and model
     MAPE, mean signed error, and within each model and condition Spearman's rank correlation
@@ -258,7 +254,7 @@ def _leave_one_cluster_out(args, single_runs, single, multi_runs, multi, profile
             if theirs.sum() < cluster_cv.MIN_LAYOUTS:
                 theirs = np.ones(len(o["regimes"]), dtype=bool)  # the other has no such runs: all of its
             iv = cluster_cv.symmetric_interval(o["measured"][theirs], o["loco"][theirs], o["shares"][theirs])
-            cov = cluster_cv.covered(h["measured"][mine], h["loco"][mine], h["shares"][mine], iv, _around)
+            cov = cluster_cv.covered(h["measured"][mine], h["loco"][mine], h["shares"][mine], iv)
             out["coverage"][f"{held}, {regime}"] = {"coverage": cov, "runs": int(mine.sum()),
                                                     "interval_from": other, **iv}
             print(f"  {held}, {regime} ({int(mine.sum())} runs): x{iv['lo_ratio']:.3f} .. x{iv['hi_ratio']:.3f} "
@@ -273,7 +269,7 @@ def _leave_one_cluster_out(args, single_runs, single, multi_runs, multi, profile
     level = jzs["measured"] / jzs["loco"]
     single_ratio = np.array([c.measured for c in single]) / cv_single
     pairs = (single_ratio[:, None] * level[None, :]).ravel()
-    pair_shares = np.repeat(_shares(single, profile, vtrain_terms), len(level))
+    pair_shares = np.repeat(cv_shares[:len(single)], len(level))
     out["inside"] = cluster_cv.symmetric_interval(pairs, np.ones_like(pairs), pair_shares)
     for regime, key, how in ((INSIDE_NODE, "inside", "single-node cross-validated residuals x Jean Zay's "
                               "level under vTrain's terms"),
@@ -286,9 +282,11 @@ def _leave_one_cluster_out(args, single_runs, single, multi_runs, multi, profile
             mine = np.array([r == regime for r in h["regimes"]])
             if not mine.any():
                 continue
-            # vTrain's own runs against its own terms: in-cluster cross-validated predictions
-            pred = h["loco"] if name == JEAN_ZAY_NAME else np.concatenate([cv_single, cv_multi])
-            cov = cluster_cv.covered(h["measured"][mine], pred[mine], h["shares"][mine], iv, _around)
+            # vTrain's own runs against its own terms: in-cluster cross-validated predictions,
+            # with the extrapolated shares of its own terms
+            pred, shares = ((h["loco"], h["shares"]) if name == JEAN_ZAY_NAME
+                            else (np.concatenate([cv_single, cv_multi]), cv_shares))
+            cov = cluster_cv.covered(h["measured"][mine], pred[mine], shares[mine], iv)
             out["coverage"][f"profiles' {regime} interval on {name}"] = {"coverage": cov, "runs": int(mine.sum())}
             print(f"    holds {cov:.1f}% of {name}'s {int(mine.sum())} runs"
                   + (" (its own width: in-sample)" if name == JEAN_ZAY_NAME else
@@ -487,7 +485,8 @@ def main(argv=None) -> int:
           "the job's inter-node share (step_terms.ONE_NIC_UPWARD), coverage not measurable here")
 
     loco = _leave_one_cluster_out(args, single_runs, cases, multi_runs_kept, multi, profile, terms,
-                                  cv_single, cv_multi)
+                                  cv_single, cv_multi,
+                                  np.concatenate([shares_s, shares_m]) if multi else shares_s)
     if loco is not None:
         inside, across, coverage["leave one cluster out"] = loco["inside"], loco["across"], loco["coverage"]
     print(f"\nsummary: operator sum MAPE {step_fit.summary(measured_s, plain)['mape']:.2f}% -> "

@@ -152,8 +152,8 @@ def main(argv=None) -> int:
 
     # verdicts, every row, every stage, under its fold's fit
     counts = defaultdict(int)
-    low, high = verdict.band(dm.usable(capacity))
-    print(f"\nverdicts ({GPU}, {dm.usable(capacity) / GIB:.1f} GiB usable, WARNING from "
+    low, high = verdict.band(cap)
+    print(f"\nverdicts ({GPU}, {cap / GIB:.1f} GiB usable, WARNING from "
           f"{low / GIB:.1f}, FAIL above {high / GIB:.1f} GiB; fold fit per model):")
     bad = []
     for r in rows:

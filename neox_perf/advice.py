@@ -201,16 +201,20 @@ class Suggestion:
                 out.append(f"--set {key}={_yaml(value)}")
         return " ".join(out)
 
+    @property
+    def too_many_flags(self) -> bool:
+        """More `--set` flags than a line is pasted right with: `plan --write` serves instead."""
+        return self.set_flags().count("--set ") > MAX_SET_FLAGS
+
     def fix(self, files: Sequence[str], cluster: Optional[str], with_sets: bool = False) -> str:
         """What to do to get this layout: the `--set` flags when they are few, else the `plan
         --write` command that writes them into a file (a ten-flag line is pasted wrong);
         `with_sets`: the user's own --set flags must come along."""
         flags = self.set_flags()
-        keys = flags.count("--set ")
-        if keys <= MAX_SET_FLAGS:
+        if not self.too_many_flags:
             return flags
         return (f"{self.plan_command(files, cluster, with_sets)}, then add best.yml to your config "
-                f"files ({keys} keys change)")
+                f"files ({flags.count('--set ')} keys change)")
 
     def plan_command(self, files: Sequence[str], cluster: Optional[str], with_sets: bool = False) -> str:
         return (f"neox-perf plan {' '.join(files)}{' <your --set flags>' if with_sets else ''} --gpus "
@@ -321,7 +325,6 @@ def faster_verdicts(suggestion: Optional[Suggestion], files: Sequence[str], clus
                     f"your layout is predicted {slower} {suggestion.describe()} "
                     f"({suggestion.user_seconds_per_batch:.3g} s vs {c.seconds_per_batch:.3g} s per "
                     f"iteration of the same batch)",
-                    fix=(f"{suggestion.set_flags()}; `neox-perf plan {' '.join(files)} --gpus "
-                         f"{c.layout.gpus} --cluster {cluster}` ranks every layout"
-                         if suggestion.set_flags().count("--set ") <= MAX_SET_FLAGS
-                         else suggestion.fix(files, cluster)))]
+                    fix=(suggestion.fix(files, cluster) if suggestion.too_many_flags
+                         else f"{suggestion.set_flags()}; `neox-perf plan {' '.join(files)} --gpus "
+                              f"{c.layout.gpus} --cluster {cluster}` ranks every layout"))]

@@ -561,14 +561,14 @@ class Planner:
                         continue
                 if rej is None:
                     memories: dict = {}
+                    # stopped at the one rule's FAIL edge (derive.fit.fail_above): a layout
+                    # derived whole has every stage at or below it, so it fits
                     derived = self.shared(cfg, stop_above=self.fail_above,
                                           memories=memories)
                     if derived is None:
                         rej = _Rejection("out_of_memory")
                         if world not in admitted_worlds:  # for the "no layout" line, if it comes
                             pending.setdefault(world, []).append((cfg, memories))
-                    else:
-                        rej = self.memory(derived)
                 if rej is not None:
                     counts[rej.code] = counts.get(rej.code, 0) + 1
                     if rej.code not in examples:  # the first of each kind, for a "no layout" line

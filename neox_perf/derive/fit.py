@@ -51,11 +51,6 @@ def band(usable_bytes: int) -> Tuple[int, int]:
     return int(usable_bytes * (1.0 - UNDER_FRACTION)), int(usable_bytes * (1.0 + OVER_FRACTION))
 
 
-def level_of(total: float, usable_bytes: int) -> str:
-    low, high = band(usable_bytes)
-    return "fail" if total > high else ("warning" if total > low else "ok")
-
-
 def fail_above(capacity: int, limit: Optional[float] = None) -> int:
     """Device totals above this many bytes FAIL on a GPU of `capacity` data-sheet bytes (with
     `limit`, a share of the usable capacity the caller will not go above)."""

@@ -10,6 +10,7 @@ from rich.text import Text
 
 from ..config.verdicts import LEVELS
 from ..network import DESCRIBE_YOUR_NODES
+from .check_line import _cluster_arg, _has_sets
 from .op_names import PHASES, neox_name, split
 
 GIB = 2 ** 30
@@ -305,9 +306,7 @@ def _render_suggestion(result, console) -> None:
                              f"them all")
     console.print(Panel(grid, title=head, title_align="left"))
     # outside the panel, a flag never split from its value: the lines paste into a shell
-    from .check_line import _has_sets
-    fix = s.fix(result.config.files, _cluster_arg(result), _has_sets(result))
-    if not fix.startswith("--"):  # too many flags to paste: plan writes them into a file
+    if s.too_many_flags:  # too many to paste: plan writes them into a file
         keys = s.set_flags().count("--set ")
         console.print(Text(f"{keys} keys change: write them to best.yml, then add it to your config files:",
                            style="bold"))
@@ -320,11 +319,6 @@ def _render_suggestion(result, console) -> None:
     console.print(Text("paste after your config files:", style="bold"))
     for line in paste_lines(s.set_flags().split(" --"), console.width):
         console.print(Text(line), overflow="ignore", crop=False)
-
-
-def _cluster_arg(result) -> str:
-    from .check_line import _cluster_arg as arg
-    return arg(result)
 
 
 def _packed(words, width: int):
@@ -342,16 +336,7 @@ def _packed(words, width: int):
 def paste_lines(flags, width: int):
     """`--flag value` items packed into lines of at most `width`, continued with a backslash."""
     words = [f if f.startswith("--") else "--" + f for f in flags if f]
-    lines, cur = [], ""
-    for w in words:
-        if cur and len(cur) + 1 + len(w) + 2 > width - 2:
-            lines.append(cur)
-            cur = w
-        else:
-            cur = f"{cur} {w}" if cur else w
-    if cur:
-        lines.append(cur)
-    return ["  " + l + (" \\" if i < len(lines) - 1 else "") for i, l in enumerate(lines)]
+    return ["  " + line for line in _packed(words, width)]
 
 
 def coverage_cell(c) -> Text:

@@ -8,11 +8,11 @@ ways). What a user acts on is the ranking of layouts (`plan`) and the time with 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable, Dict, Hashable, List, Sequence, Tuple
+from typing import Dict, Hashable, List, Sequence, Tuple
 
 import numpy as np
 
-from neox_perf.step_terms import FITTED, StepTerms
+from neox_perf.step_terms import FITTED, Interval, StepTerms
 
 from . import step_fit
 
@@ -75,11 +75,12 @@ def symmetric_interval(measured: np.ndarray, predicted: np.ndarray, shares: np.n
 
 
 def covered(measured: np.ndarray, predicted: np.ndarray, shares: np.ndarray,
-            interval: Dict[str, float], around: Callable) -> float:
-    """Share (%) of runs inside ``interval`` (an Interval's around(seconds, share))."""
+            interval: Dict[str, float]) -> float:
+    """Share (%) of runs inside ``interval`` (step_terms.Interval's dict) around each prediction."""
+    iv = Interval.from_dict(interval)
     inside = []
     for m, p, s in zip(measured, predicted, shares):
-        lo, hi = around(interval, p, s)
+        lo, hi = iv.around(p, s)
         inside.append(lo <= m <= hi)
     return 100.0 * float(np.mean(inside)) if inside else float("nan")
 
