@@ -777,7 +777,8 @@ class Planner:
     def _one_micro_batch(self, cfg, derived):
         """The estimate of `cfg` run with one micro-batch per iteration."""
         from .predict import predict
-        return predict(self._one(cfg), derived, self.profile, timeline_events=False).estimate
+        return predict(self._one(cfg), derived, self.profile, timeline_events=False,
+                       price_other=False).estimate  # its stages' times, no interval
 
     def _one_micro_batch_update(self, cfg, derived):
         """Per stage (gradient sync, optimizer step, parameter all-gather) of that estimate."""

@@ -35,7 +35,7 @@ class Prediction:
 def predict(cfg, derived, profile: Profile, *, precision: Optional[str] = None,
             transformer_layers: Optional[Sequence[int]] = None,
             timeline_events: bool = True, tf32: Optional[bool] = None,
-            tf32_source: str = "") -> Prediction:
+            tf32_source: str = "", price_other: bool = True) -> Prediction:
     """Time one training iteration of ``cfg`` (already derived) on ``profile``'s cluster.
 
     precision: what the run really computes in when that differs from the config (the
@@ -44,7 +44,8 @@ def predict(cfg, derived, profile: Profile, *, precision: Optional[str] = None,
     the same prediction, its timeline's events left out.
     tf32: whether an fp32 run's matmuls ran as TF32, where the caller knows (a hooked run's
     record; tf32_source says so); default the cluster's, else achievable.DEFAULT_TF32. Where the
-    default is taken, the iteration is priced the other way too and the 80% interval reaches it.
+    default is taken, the iteration is priced the other way too and the 80% interval reaches it
+    (price_other: False for callers that read no interval -- the planner's per-stage bounds).
     """
     decomp, limits = _decomposed(cfg, derived, profile, precision, transformer_layers, tf32, tf32_source)
     if FP32_FROM_FP16 in decomp.notes:  # the samples were 16-bit only where limits rescaled them
@@ -53,7 +54,7 @@ def predict(cfg, derived, profile: Profile, *, precision: Optional[str] = None,
                                              for n in decomp.notes if n != FP32_FROM_FP16 or note))
     est = estimate(decomp, profile, limits=limits, events=timeline_events)
     matmuls = limits.fp32_matmuls if limits is not None else None
-    if matmuls is not None and not matmuls.known:
+    if price_other and matmuls is not None and not matmuls.known:
         est, matmuls = _reach_the_other(decomp, profile, limits, est, matmuls)
     return Prediction(decomp, est, matmuls)
 

@@ -210,7 +210,6 @@ class OperatorLimits:
     rescale_tflops: Optional[Tuple[float, float]] = None
     profile: object = field(default=None, compare=False, repr=False)  # whose models' fixed costs stay
     matmul: str = ""  # the run's matmul precision (tf32 for an fp32 run with TF32); "" = precision
-    samples_matmul: str = ""  # the samples' (tf32 for fp32 samples calibrated with TF32)
     fp32_matmuls: Optional[Fp32Matmuls] = None  # for an fp32 run: which, and who said so
 
     def rescaled(self, call, seconds: float) -> float:
@@ -307,7 +306,7 @@ def limits(profile, precision: str, tf32: Optional[bool] = None, tf32_source: st
                                f"train in {samples}, or calibrate a profile on this GPU in {run}")
         if have is not None and want is not None and (wider or have.tflops != want.tflops):
             rescale = (have.tflops, want.tflops)
-    return OperatorLimits(gpu, run, samples, cap, what, rescale, profile, run_mm, samples_mm, mm)
+    return OperatorLimits(gpu, run, samples, cap, what, rescale, profile, matmul=run_mm, fp32_matmuls=mm)
 
 
 def other_limits(found: OperatorLimits) -> Optional[OperatorLimits]:

@@ -20,7 +20,7 @@ figure and callers must say so (predictors/achievable.py). docs/achievable-rates
 from __future__ import annotations
 
 import difflib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Dict, List, Optional, Tuple
 
 GiB = 1 << 30
@@ -382,4 +382,4 @@ def from_datasheet(values: Dict[str, object], where: str) -> GPU:
     rates = derived_rates(g)
     for k, v in dict(values.get("achievable_tflops") or {}).items():
         rates[precision_key(k)] = Rate(float(v), f"measured by the user, given in {where}")
-    return GPU(**{**{f: getattr(g, f) for f in g.__dataclass_fields__}, "rates": tuple(sorted(rates.items()))})
+    return replace(g, rates=tuple(sorted(rates.items())))

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 from rich import box
-
 from rich.table import Table
+
+from ..network import DESCRIBE_YOUR_NODES
 
 
 def _link(link) -> str:
@@ -37,9 +38,8 @@ def render(result, console) -> None:
         console.print(f"  {p['name']}: {samples}" + (f"; measured {when}" if when else ""))
     console.print("Between nodes: the bus bandwidth of a 1 GiB all-reduce over two nodes, per GPU, as "
                   "the profile predicts it: a sampled profile predicts the network its samples ran on. "
-                  f"A description goes by its name from any directory (--cluster dgx-a100). For your own "
-                  f"nodes, a cluster description YAML (docs/cluster-descriptions.md) works wherever a "
-                  "profile name does; `neox-perf clusters --gpus` lists the GPUs it can name, and "
+                  "A description goes by its name from any directory; for your own nodes: "
+                  f"{DESCRIBE_YOUR_NODES}. A description YAML works wherever a profile name does; `neox-perf clusters --gpus` lists the GPUs it can name, and "
                   "any other GPU is given by its data sheet's figures.")
 
 
