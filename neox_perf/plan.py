@@ -646,6 +646,10 @@ class Planner:
             if verdict.level == "error" and verdict.code not in LAYOUT_CODES:
                 raise ConfigError(verdict.message, file=self.raw.sources.get(verdict.key or ""),
                                   key=verdict.key, fix=verdict.fix)
+        # a run this GPU cannot compute in any layout (bf16 on a V100) is said in one line, as
+        # `check` says it, not found out as "no layout fits" (the planner prices none that does not)
+        from .predictors import achievable
+        achievable.limits(self.profile, cfg.training.precision)
         self.model = cfg.model
         self.mlp_widths = mlp_widths(cfg.model)
         from .derive import DeriveOptions

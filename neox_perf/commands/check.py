@@ -59,10 +59,6 @@ def run_check(args) -> CheckResult:
     out_of_memory = any(v.code == "out_of_memory" for v in verdicts)
     gpn = args.gpus_per_node
     if profile is not None and not refused and out_of_memory:
-        # a run its GPU cannot compute at all (bf16 on a V100) is said as that, in one line,
-        # before any layout that would fit it is searched for
-        from ..predictors import achievable
-        achievable.limits(profile, cfg.training.precision)
         # It cannot run: no time of its own; what it would take instead, from the planner.
         result.suggestion, result.no_layout = advice.fitting_layout(
             raw, cfg, profile, vocab.size, gpn, params=derived.params.unique)

@@ -165,3 +165,16 @@ def test_a_bundled_description_path_typed_elsewhere_names_the_name(tmp_path, mon
     code, _, err = _run(["check", str(EXAMPLES / "gpt-20b.yml"), "--gpus", "64", "--cluster",
                          "neox_perf/examples/clusters/dgx-a100.yml"])
     assert code == exitcodes.USAGE and "fix: --cluster dgx-a100" in err and len(err.strip().splitlines()) == 1
+
+
+def test_plan_says_a_bf16_run_on_a_v100_in_one_line_too(tmp_path):
+    """The planner refuses what no layout can compute before it searches (it prices only the
+    layouts that fit, so it would otherwise answer "no layout")."""
+    cfg = yaml.safe_load((EXAMPLES / "gpt-20b.yml").read_text())
+    cfg.pop("fp16")
+    cfg.update({"precision": "bfloat16", "bf16": {"enabled": True}})
+    (tmp_path / "m.yml").write_text(yaml.safe_dump(cfg))
+    path = _description(tmp_path, "V100-SXM2-16GB")
+    code, out, err = _run(["plan", str(tmp_path / "m.yml"), "--gpus", "64", "--cluster", str(path)])
+    lines = err.strip().splitlines()
+    assert code != exitcodes.OK and len(lines) == 1 and "no bf16" in lines[0] and "fp16" in lines[0], err
