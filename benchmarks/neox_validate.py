@@ -54,8 +54,9 @@ def report_json(run_dir: str, cluster: str, env=None) -> dict:
 
 
 def _err(rep: dict):
+    """The iteration error against the typical (median) iteration, which predictions are for."""
     it = rep.get("iteration") or {}
-    return it.get("error_min")
+    return it.get("error_median")
 
 
 def layout_table(names, work: Path, cluster: str, iters: int) -> dict:
@@ -76,7 +77,7 @@ def layout_table(names, work: Path, cluster: str, iters: int) -> dict:
                          if c.get("fraction") is not None)
         pred, meas = it.get("predicted"), (it.get("measured") or {}).get("min")
         med = (it.get("measured") or {}).get("median")
-        err, err_med = _err(rep), it.get("error_median")
+        err, err_med = it.get("error_min"), _err(rep)
         from neox_perf.runs import prediction
         s0 = json.load(open(os.path.join(run.run_dir, "rank-00000.json")))
         _, derived, _ = prediction.rebuild(s0["config"], s0["facts"])
@@ -85,7 +86,7 @@ def layout_table(names, work: Path, cluster: str, iters: int) -> dict:
               f"{100 * err if err is not None else nan:6.1f}% {med or nan:8.3f} "
               f"{100 * err_med if err_med is not None else nan:6.1f}%  {share:24} "
               f"{run.logged_params}/{derived.params.neox_logged}  {load()}")
-    for label, key in (("min", "error_min"), ("median", "error_median")):
+    for label, key in (("median (the typical iteration)", "error_median"), ("min", "error_min")):
         errs = [abs(rep["iteration"][key]) for _, rep in runs.values()
                 if rep["iteration"].get(key) is not None]
         if errs:

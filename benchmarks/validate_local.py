@@ -2,10 +2,12 @@
 
 Runs `neox-perf validate` (its command function) on every config of benchmarks/validation/
 with 2 processes: each config is trained for real under DeepSpeed (CPU + gloo here, CUDA +
-nccl on a GPU node), timed per iteration (warm-up dropped, minimum over the measured
-iterations) and predicted with the calibrated profile. Prints the table per config and per
+nccl on a GPU node), timed per iteration (warm-up dropped; the median over the measured
+iterations, the typical iteration a prediction is for, the fastest beside it) and predicted
+with the calibrated profile. Prints the table per config and per
 component and the mean absolute percentage error, and the machine's load average before and
-after (other jobs on a 2-core box slow the runs; the minimum filters most of it).
+after (other jobs on a 2-core box slow whole launches: --repeat keeps each config's launch
+with the lowest median).
 
     neox-perf calibrate --cluster local --quick      # once: the profile to check
     python benchmarks/validate_local.py [--cluster local] [--iters 8] [--json] [CONFIG ...]
@@ -59,7 +61,8 @@ def main(argv=None) -> int:
                          f"else {VOCAB})")
     ap.add_argument("--repeat", type=int, default=1,
                     help="launch each config this many times, rounds interleaved, and keep the "
-                         "fastest launch (other jobs on the box slow whole launches, not single iterations)")
+                         "launch with the lowest median iteration (other jobs on the box slow "
+                         "whole launches, not single iterations)")
     ap.add_argument("--compare", nargs="+", default=[], metavar="CLUSTER",
                     help="more profiles predicted against the same measured launches")
     ap.add_argument("--measured", metavar="FILE",
@@ -88,13 +91,14 @@ def main(argv=None) -> int:
                 runs[i].append(validate_one([str(cfg)], args.gpus, profile, args.iters,
                                             _vocab(cfg, args.vocab_size), step))
     for i in range(len(configs)):
-        best = min(runs[i], key=lambda r: r.measured_seconds)
+        best = min(runs[i], key=lambda r: r.measured_median_seconds)
         if args.repeat > 1:
-            times = ", ".join(f"{r.measured_seconds:.3f}" for r in runs[i])
-            best.notes.insert(0, f"fastest of {args.repeat} launches (measured {times} s)")
+            times = ", ".join(f"{r.measured_median_seconds:.3f}" for r in runs[i])
+            best.notes.insert(0, f"lowest median of {args.repeat} launches (medians {times} s)")
         result.results.append(best)
     elapsed = time.monotonic() - started
-    measured = [(Path(r.config[-1]), r.measured_seconds) for r in result.results]
+    measured = [(Path(r.config[-1]), r.measured_median_seconds, r.measured_seconds)
+                for r in result.results]
     comparison = _compare([args.cluster, *args.compare], measured, args) if args.compare else None
     if args.json:
         from neox_perf.render.envelope import dump, envelope
@@ -116,22 +120,25 @@ def main(argv=None) -> int:
 
 
 def _compare(clusters, measured, args) -> dict:
-    """Every profile's prediction of the same measured launches: per config and in summary
-    (mean absolute and mean signed error, worst row)."""
+    """Every profile's prediction of the same measured launches, against each launch's median
+    iteration (the typical one, which predictions are for; the fastest beside it): per config
+    and in summary (mean absolute and mean signed error, worst row)."""
     from neox_perf.commands.validate import predict
     from neox_perf.predict import load_cluster
     from neox_perf.calibration.launch import cuda_available
 
     device = "cuda" if cuda_available() else "cpu"
-    rows = [{"config": cfg.name, "measured_seconds": m, "predicted": {}} for cfg, m in measured]
+    rows = [{"config": cfg.name, "measured_median_seconds": m, "measured_seconds": fastest,
+             "predicted": {}} for cfg, m, fastest in measured]
     summary = {}
     for name in clusters:
         profile = load_cluster(name)
         errors = []
-        for row, (cfg, m) in zip(rows, measured):
+        for row, (cfg, m, fastest) in zip(rows, measured):
             p = predict([str(cfg)], args.gpus, profile, _vocab(cfg, args.vocab_size), device)
             seconds = p.estimate.iteration_seconds
-            row["predicted"][name] = {"seconds": seconds, "error": seconds / m - 1.0}
+            row["predicted"][name] = {"seconds": seconds, "error": seconds / m - 1.0,
+                                      "error_fastest": seconds / fastest - 1.0}
             errors.append(seconds / m - 1.0)
         worst = max(range(len(errors)), key=lambda i: abs(errors[i]))
         summary[name] = {"mape": 100 * sum(map(abs, errors)) / len(errors),
@@ -145,10 +152,11 @@ def _print_comparison(comparison: dict) -> None:
     from rich.table import Table
 
     names = comparison["clusters"]
-    table = Table(title="The same measured launches, predicted by each profile (error vs min)",
+    table = Table(title="The same measured launches, predicted by each profile (error vs the "
+                        "median iteration)",
                   title_justify="left")
     table.add_column("config")
-    table.add_column("measured", justify="right")
+    table.add_column("measured (median)", justify="right")
     for n in names:
         table.add_column(f"{n} s", justify="right")
         table.add_column("error", justify="right")
@@ -157,7 +165,7 @@ def _print_comparison(comparison: dict) -> None:
         for n in names:
             p = row["predicted"][n]
             cells += [f"{p['seconds']:.3f}", f"{100 * p['error']:+.1f}%"]
-        table.add_row(row["config"], f"{row['measured_seconds']:.3f}", *cells)
+        table.add_row(row["config"], f"{row['measured_median_seconds']:.3f}", *cells)
     console = Console(highlight=False, width=160)
     console.print(table)
     for n in names:
@@ -179,7 +187,8 @@ def _repredict(args, configs) -> int:
             continue
         if not cfg.is_file():  # saved on another checkout: the same file name here
             cfg = HERE / "validation" / cfg.name
-        measured.append((cfg, r["measured_seconds"]))
+        measured.append((cfg, r.get("measured_median_seconds", r["measured_seconds"]),
+                         r["measured_seconds"]))
     comparison = _compare([args.cluster, *args.compare], measured, args)
     if args.json:
         sys.stdout.write(json.dumps({"measured_from": args.measured, "comparison": comparison},

@@ -67,6 +67,12 @@ KEPT_READINGS = 40  # readings written to the record besides the start and the f
 # undisturbed machine lies within the range of the first ones about as often as not, and
 # twice it is well outside what five quiet readings leave (docs/calibration-disturbance.md).
 RANGE_FACTOR = 2.0
+# ...and never under this: a slowdown smaller than two quiet calibrations of one machine may
+# differ (3% per layout, the reproducibility bar) cannot make a profile worse than a second
+# calibration would, while five very tight start readings (0.3% apart) put a range-only
+# threshold under the platform's own blips, and a quiet calibration re-timed hundreds of
+# points for nothing.
+THRESHOLD_FLOOR = 0.03
 
 
 @dataclass(frozen=True)
@@ -109,7 +115,7 @@ class Baseline:
 
     work: float  # median work of the start readings
     noise: float  # their relative range, the slowest left out: (2nd slowest - fastest) / median
-    threshold: float  # RANGE_FACTOR x noise: how far a reading may stray before it counts
+    threshold: float  # RANGE_FACTOR x noise, at least THRESHOLD_FLOOR: how far a reading may stray
     wait_noise: float = 0.0  # the start readings' median share of time waited (blips at rest)
 
     def drift(self, reading: "Reading") -> float:
@@ -126,7 +132,8 @@ class Baseline:
         kept = works[:-1] if len(works) >= 3 else works
         noise = (kept[-1] - kept[0]) / mid if mid > 0 else 0.0
         waits = [r.waited_mean for r in start if r.waited_mean is not None]
-        return cls(mid, noise, RANGE_FACTOR * noise, statistics.median(waits) if waits else 0.0)
+        return cls(mid, noise, max(RANGE_FACTOR * noise, THRESHOLD_FLOOR),
+                   statistics.median(waits) if waits else 0.0)
 
     @property
     def window_wait_limit(self) -> float:

@@ -350,7 +350,8 @@ def _measure_engine(shape, layers: int, device: str, barrier=lambda: None) -> Di
                      "backward": t2 - t1b - flatten,
                      "layer_backward": sum(e - b for b, e in zip(starts, ends)),
                      "flatten": flatten, "step": t3 - t2b})
-    best = {k: min(r[k] for r in rows[ENGINE_WARMUP:]) for k in rows[0]}
+    timed = rows[ENGINE_WARMUP:]
+    best = {k: min(r[k] for r in timed) for k in rows[0]}
     # What AccumulateGrad does for every micro-batch after the first: grad += new gradient.
     for p in params:
         p.grad = torch.zeros_like(p)
@@ -365,21 +366,23 @@ def _measure_engine(shape, layers: int, device: str, barrier=lambda: None) -> Di
         sync()
         times.append(now() - t0)
     best["accumulate"] = min(times)
+    for r, t in zip(timed, times):
+        r["accumulate"] = t
     counts = {"params": int(sum(p.numel() for p in params)), "tensors": len(params)}
     del engine, model, params, fresh
+    # every timed repeat beside the fastest: the fit takes the statistic it needs
+    # (predictors/fitting/engine_fit.typical_row)
     return {"keys": keys, "vocab": vocab, "layers": layers,
-            "precision": run_precision(cfg, dev.type), **counts, **best}
+            "precision": run_precision(cfg, dev.type), **counts, **best, "repeats": timed}
 
 
-# Every phase a rank runs itself keeps its fastest repeat, as every operator sample does: its
-# noise is one-sided (preemption, a neighbour), and the fastest is the best estimate of its own
-# cost. A data-parallel collective is not one rank's work: it moves at the pace of both
-# processes and of gloo's threads, which share the cores with them, and its repeats spread
-# far wider (the calibrate table prints the median over the fastest), so its fastest of five
-# is a draw training seldom gets: it keeps its median, the fastest beside it as KEY_best.
-# Medians for every phase were tried: the NeoX harness's mean error fell 2 points, but
-# validate_local's reference configs, already over-predicted, rose as much (a shift, not the
-# missing term).
+# Each shape's row keeps every phase's fastest repeat (a data-parallel collective: its median,
+# the fastest beside it as KEY_best) and, under "repeats", every timed repeat: the fit takes the
+# statistic it needs (predictors/fitting/engine_fit.typical_row: the median, since a prediction
+# is for the typical iteration; engine_fit pools the collectives' repeats across shapes of one
+# size). A data-parallel collective is not one rank's work: it moves at the pace of both
+# processes and of gloo's threads, which share the cores with them, and its repeats spread far
+# wider (2-4x) than a rank's own phases.
 ZERO_COLLECTIVES = ("allreduce", "allgather")
 
 
@@ -459,14 +462,15 @@ def _measure_zero(shape, layers: int, device: str, barrier, world: int, stage: i
     finally:
         ds_comm.all_reduce = originals["all_reduce"]
         ds_comm.all_gather_into_tensor = originals["all_gather_into_tensor"]
-    best = zero_statistics(rows[ENGINE_WARMUP:])
+    timed = rows[ENGINE_WARMUP:]
+    best = zero_statistics(timed)
     partition = getattr(engine.optimizer, "partition_size", None)
     del engine, model, params
     return {"keys": keys, "vocab": vocab, "layers": layers, "zero_stage": stage,
             "precision": run_precision(cfg, dev.type), "processes": world, **counts,
             "partition": int(sum(partition)) if partition else -(-counts["params"] // world),
             "allreduce_elements": sizes.get("allreduce", 0),
-            "allgather_elements": sizes.get("allgather", 0), **best}
+            "allgather_elements": sizes.get("allgather", 0), **best, "repeats": timed}
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -313,12 +313,14 @@ class _Sweep:
                         "still_flagged": still}
 
 
-def recheck(store_path, run_id: int, device: str, label: str, since=None) -> Optional[Dict[str, Any]]:
+def recheck(store_path, run_id: int, device: str, label: str, since=None,
+            steps: Optional[Dict[str, Any]] = None) -> Optional[Dict[str, Any]]:
     """One more reading with the run's own reference and baseline, at the end of everything
-    `calibrate` times (after the collectives and the engine, which cannot be re-timed from
-    here); written into the run's record. ``since``: a machine.CpuClock mark taken when those
-    steps began (other processes' CPU time since then corroborates a drift). None when the run
-    has no record to compare with."""
+    `calibrate` times (after the collectives and the engine); written into the run's record
+    with ``steps``, the watch of each of those steps (calibration/step_watch.StepWatch.record:
+    a step still disturbed after its re-run flags the run). ``since``: a machine.CpuClock mark
+    taken when those steps began (other processes' CPU time since then corroborates a drift).
+    None when the run has no record to compare with."""
     from .disturbance import Baseline, Probe, describe, wait_slowdown
     from .machine import CpuClock
     with SampleStore(store_path) as store:
@@ -342,6 +344,10 @@ def recheck(store_path, run_id: int, device: str, label: str, since=None) -> Opt
     rec["max_slowdown"] = max(float(rec.get("max_slowdown") or 0.0), drift, wait_slowdown(reading.waited))
     if why:
         rec["flagged"] = True
+    if steps is not None:
+        rec["steps"] = steps
+        if steps.get("still_disturbed"):
+            rec["flagged"] = True
     with SampleStore(store_path) as store:
         store.update_run(run_id, {**info, "disturbance": rec})
     return rec

@@ -56,6 +56,7 @@ class CalibrateResult:
     notes: List[str] = field(default_factory=list)
     disturbance: Optional[Dict[str, object]] = None  # the profile's section: was it disturbed
     profile_warnings: List[str] = field(default_factory=list)
+    steps_watched: Optional[Dict[str, object]] = None  # calibration/step_watch.StepWatch.record()
     command: str = "calibrate"
     render_hint: str = "calibrate_text"
     exit_code: int = exitcodes.OK
@@ -66,7 +67,7 @@ class CalibrateResult:
                 "collectives": self.collectives, "engine": self.engine, "fit": self.fit,
                 "facts": self.facts,
                 "seconds": self.seconds, "notes": self.notes, "disturbance": self.disturbance,
-                "profile_warnings": self.profile_warnings}
+                "profile_warnings": self.profile_warnings, "steps_watched": self.steps_watched}
 
 
 def default_home() -> Path:
@@ -143,17 +144,19 @@ def run_calibrate(args, progress: Optional[Progress] = None,
     result.seconds["operators"] = time.monotonic() - started
     from ..calibration.machine import CpuClock
     since = CpuClock().mark()  # other processes' CPU time during the collectives and the engine
+    watch = _step_watch(device) if summary.disturbance is not None else None
+    steps = _Steps(store, nproc, device, watch)
 
     started = time.monotonic()
     step = _stepper(progress, "collectives")
-    result.collectives = launch_plan_collectives(store, plan, source, nproc, device, step)
+    result.collectives = steps.plan_collectives(plan, source, step)
     if targets is not None and nproc >= 2:
-        result.collectives["for_configs"] = run_target_collectives(store, targets[1], nproc, device)
+        result.collectives["for_configs"] = steps.target_collectives(targets[1])
     if nproc >= 2 and getattr(args, "engine", True):
         if step is not None:
             step(0, 1, "gradient-bucket sizes, tensor-parallel all-reduce in training")
-        result.collectives["buckets"] = run_bucket_collectives(store, nproc, device)
-        result.collectives["tensor_parallel"] = run_tp_benchmark(tp_path(store), nproc, device)
+        result.collectives["buckets"] = steps.buckets()
+        result.collectives["tensor_parallel"] = steps.tensor_parallel()
         if step is not None:
             step(1, 1, "done")
     result.seconds["collectives"] = time.monotonic() - started
@@ -161,13 +164,16 @@ def run_calibrate(args, progress: Optional[Progress] = None,
     started = time.monotonic()
     if getattr(args, "engine", True):
         shapes = getattr(args, "engine_shapes", None)  # a caller's smaller set (gpu_check --dry-run)
-        result.engine = run_engine(engine_path(store), device, _stepper(progress, "engine"),
-                                   nproc=nproc, **({"shapes": tuple(shapes)} if shapes else {}))
+        result.engine = steps.engine(_stepper(progress, "engine"),
+                                     **({"shapes": tuple(shapes)} if shapes else {}))
     result.seconds["engine"] = time.monotonic() - started
     if summary.disturbance is not None and (result.engine or result.collectives.get("measured")
                                             or result.collectives.get("buckets")):
         from ..calibration.sweep import recheck
-        recheck(store, summary.run_id, device, "after the collectives and the engine", since)
+        recheck(store, summary.run_id, device, "after the collectives and the engine", since,
+                steps=watch.record() if watch is not None else None)
+    if watch is not None:
+        result.steps_watched = watch.record()
 
     started = time.monotonic()
     try:
@@ -188,6 +194,96 @@ def run_calibrate(args, progress: Optional[Progress] = None,
     if summary.failed:
         notes.append(f"{len(summary.failed)} plan points could not be measured (see operators.failed)")
     return result
+
+
+def _step_watch(device: str):
+    from ..calibration.step_watch import StepWatch
+    return StepWatch.for_device(device)
+
+
+class _Steps:
+    """The steps after the operators, each run under ``watch`` (None: unwatched, as with an
+    injected clock) with a way to run it again into a scratch target whose result replaces
+    the first only when the re-run was quiet (calibration/step_watch.py)."""
+
+    def __init__(self, store: Path, nproc: int, device: str, watch):
+        self.store, self.nproc, self.device, self.watch = store, nproc, device, watch
+
+    def _run(self, name: str, fn, retime):
+        if self.watch is None:
+            return fn()
+        return self.watch.run(name, fn, retime)
+
+    def _scratch(self, suffix: str) -> Path:
+        path = self.store.with_name(f"{self.store.stem}.retime{suffix}")
+        for p in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+            p.unlink(missing_ok=True)
+        return path
+
+    def _collectives_again(self, run_into):
+        def retime():
+            scratch = self._scratch(".sqlite")
+            run_into(scratch)
+            return lambda: _merge_collectives(scratch, self.store)
+        return retime
+
+    def plan_collectives(self, plan, source: str, progress):
+        return self._run("collectives",
+                         lambda: launch_plan_collectives(self.store, plan, source, self.nproc,
+                                                         self.device, progress),
+                         self._collectives_again(lambda s: launch_plan_collectives(
+                             s, plan, source, self.nproc, self.device)))
+
+    def target_collectives(self, sizes):
+        return self._run("collectives at the --for sizes",
+                         lambda: run_target_collectives(self.store, sizes, self.nproc, self.device),
+                         self._collectives_again(lambda s: run_target_collectives(
+                             s, sizes, self.nproc, self.device)))
+
+    def buckets(self):
+        return self._run("gradient-bucket collectives",
+                         lambda: run_bucket_collectives(self.store, self.nproc, self.device),
+                         self._collectives_again(lambda s: run_bucket_collectives(
+                             s, self.nproc, self.device)))
+
+    def _file_again(self, final: Path, run_into):
+        def retime():
+            scratch = self._scratch(final.suffix)
+            run_into(scratch)
+            return lambda: scratch.replace(final)
+        return retime
+
+    def tensor_parallel(self):
+        final = tp_path(self.store)
+        return self._run("tensor-parallel all-reduce",
+                         lambda: run_tp_benchmark(final, self.nproc, self.device),
+                         self._file_again(final, lambda s: run_tp_benchmark(s, self.nproc, self.device)))
+
+    def engine(self, progress, **kwargs):
+        final = engine_path(self.store)
+        return self._run("engine",
+                         lambda: run_engine(final, self.device, progress, nproc=self.nproc, **kwargs),
+                         self._file_again(final, lambda s: run_engine(s, self.device, None,
+                                                                       nproc=self.nproc, **kwargs)))
+
+
+def _merge_collectives(scratch: Path, store: Path) -> None:
+    """The re-run's collective samples over the first run's (same points, replaced)."""
+    from ..calibration.store import COLLECTIVE_PHASE, SampleStore
+    with SampleStore(scratch) as src, SampleStore(store) as dst:
+        runs = {}
+        for x in src.samples(source="calibrate"):
+            if x.phase != COLLECTIVE_PHASE:
+                continue
+            device = dst.register_device(src.device(x.device_id))
+            if x.run_id not in runs:
+                runs[x.run_id] = dst.register_run("calibrate", device=device, plan="collectives",
+                                                  info={**src.run(x.run_id)["info"], "retimed": True})
+            dst.add_sample(x.op, x.phase, x.features, x.seconds, device=device, run=runs[x.run_id],
+                           dtype=x.dtype, repeats=x.repeats, median=x.median, iqr=x.iqr,
+                           min_seconds=x.min, info={**x.info, "retimed": True}, replace=True)
+    for p in (scratch, Path(f"{scratch}-wal"), Path(f"{scratch}-shm")):
+        p.unlink(missing_ok=True)
 
 
 def _stepper(progress: Optional[Progress], step: str):

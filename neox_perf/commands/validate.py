@@ -5,12 +5,13 @@ the cluster profile, launch the NeoX-shaped workload under the real DeepSpeed en
 torchrun (calibration.validate_worker wraps it and times DeepSpeed's own phases on every rank),
 drop the warm-up iterations and compare.
 
-Measured seconds are per optimizer step and the *minimum* over the measured iterations of the
-slowest rank's time: timing noise on a shared machine only ever adds time (the same choice as
-the calibration's benchmarks); the median is reported beside it.
+Measured seconds are per optimizer step, the slowest rank's. A prediction is for the typical
+iteration, what a run costs: it is compared with the *median* over the measured iterations,
+and the fastest is reported beside it (the best step a run had, which a job's wall time does
+not get).
 
 Components are compared per pipeline stage in the terms both sides can see (measured: the
-split of each rank's fastest iteration):
+split of each rank's typical iteration, at the median of its times):
   forward   forward passes incl. the loss (PipelineEngine ForwardPass; DeepSpeedEngine.forward
             + loss for pp = 0), without their tensor-parallel all-reduces
   backward  backward passes incl. recompute, without all-reduces
@@ -54,8 +55,8 @@ class ConfigValidation:
     config: List[str]
     layout: Dict[str, object]
     predicted_seconds: float
-    measured_seconds: float  # min over the measured iterations of the slowest rank
-    measured_median_seconds: float
+    measured_seconds: float  # min over the measured iterations of the slowest rank (the fastest)
+    measured_median_seconds: float  # their median: the typical iteration, what `error` is against
     iterations: int
     warmup: int
     components: List[Dict[str, object]]  # per component: predicted / measured seconds, error
@@ -70,6 +71,11 @@ class ConfigValidation:
 
     @property
     def error(self) -> float:
+        """Against the typical (median) iteration, which the prediction is for."""
+        return self.predicted_seconds / self.measured_median_seconds - 1.0
+
+    @property
+    def error_fastest(self) -> float:
         return self.predicted_seconds / self.measured_seconds - 1.0
 
     def to_dict(self) -> dict:
@@ -77,7 +83,8 @@ class ConfigValidation:
                 "predicted_seconds": self.predicted_seconds,
                 "measured_seconds": self.measured_seconds,
                 "measured_median_seconds": self.measured_median_seconds,
-                "error": self.error, "iterations": self.iterations, "warmup": self.warmup,
+                "error": self.error, "error_fastest": self.error_fastest,
+                "error_against": "median", "iterations": self.iterations, "warmup": self.warmup,
                 "components": self.components, "stages": self.stages, "notes": self.notes,
                 "interval_seconds": self.interval_seconds, "coverage": self.coverage,
                 "memory": self.memory}
@@ -208,17 +215,18 @@ def predicted_stage_components(est, decomp=None, profile=None) -> List[Dict[str,
 
 def measured_stage_components(phases: Dict[int, List[dict]], ranks: List[dict],
                               warmup: int) -> List[Dict[str, float]]:
-    """Per stage, per component: each rank's split of its fastest measured iteration (the
-    parts add up to it; a wait and the work it waits for come from the same iteration),
-    averaged over the stage's ranks (its tensor- and data-parallel replicas)."""
+    """Per stage, per component: each rank's split of its typical measured iteration, the one
+    at the median of its times (the parts add up to it; a wait and the work it waits for come
+    from the same iteration), averaged over the stage's ranks (its tensor- and data-parallel
+    replicas)."""
     by_stage: Dict[int, List[Dict[str, float]]] = {}
     for rank in ranks:
         iters = phases.get(rank["rank"], [])[warmup:]
         if not iters:
             continue
-        fastest = min(iters, key=lambda it: it["iteration"])
-        parts = {c: fastest.get(c, 0.0) for c in COMPONENTS if c != "other"}
-        parts["other"] = max(fastest["iteration"] - sum(parts.values()), 0.0)
+        typical = sorted(iters, key=lambda it: it["iteration"])[(len(iters) - 1) // 2]
+        parts = {c: typical.get(c, 0.0) for c in COMPONENTS if c != "other"}
+        parts["other"] = max(typical["iteration"] - sum(parts.values()), 0.0)
         by_stage.setdefault(rank["stage"], []).append(parts)
     return [{c: statistics.fmean(r[c] for r in by_stage[s]) for c in COMPONENTS}
             for s in sorted(by_stage)]
@@ -372,11 +380,11 @@ def run_validate(args, progress: Optional[Progress] = None) -> ValidateResult:
     one = validate_one(args.configs, args.gpus, profile, iters, getattr(args, "vocab_size", None),
                        progress, Path(workdir) if workdir else None)
     result.results.append(one)
-    # a calibrated profile learns its interval from its own validations (the measured minimum,
+    # a calibrated profile learns its interval from its own validations (the measured median,
     # what the prediction is compared with); bundled profiles are not written
     from ..profile_validation import record
     try:
-        note = record(profile, list(args.configs), one.measured_seconds, one.predicted_seconds,
+        note = record(profile, list(args.configs), one.measured_median_seconds, one.predicted_seconds,
                       one.extrapolated_share)
     except (OSError, ValueError) as exc:  # the validation stands; only the record is lost
         note = f"not recorded in the profile ({exc.__class__.__name__}: {exc})"

@@ -82,12 +82,16 @@ def from_calibration(name: str, runs: Sequence[Mapping[str, Any]], disturbed: in
     if not records:
         return None
     after = [rec["after"] for _, rec in records if (rec.get("after") or {}).get("why")]
-    flagged = disturbed > 0 or bool(after)
+    # the steps after the operators, each watched whole (calibration/step_watch.py): those
+    # still disturbed after their re-run
+    steps = [s for _, rec in records for s in ((rec.get("steps") or {}).get("steps") or ())
+             if s.get("still_disturbed")]
+    flagged = disturbed > 0 or bool(after) or bool(steps)
     slowdown = max(float(rec.get("max_slowdown") or 0.0) for _, rec in records)
     noise = [rec["baseline"]["noise"] for _, rec in records if rec.get("baseline")]
     runs_out = [{"run": r["id"], **{k: rec.get(k) for k in (
         "reference", "baseline", "readings_taken", "max_slowdown", "max_waited", "max_drift",
-        "windows", "disturbed_windows", "points", "retime", "machine", "reasons", "after")
+        "windows", "disturbed_windows", "points", "retime", "machine", "reasons", "after", "steps")
         if rec.get(k) is not None}} for r, rec in records]
     warning = None
     if flagged:
@@ -96,6 +100,7 @@ def from_calibration(name: str, runs: Sequence[Mapping[str, Any]], disturbed: in
             parts.append(f"{disturbed} of {samples} operator samples were timed while other "
                          f"work shared the machine")
         parts += [f"{a['what']}, {'; '.join(a['why'])}" for a in after]
+        parts += [f"the {s['step']} step, {'; '.join(s.get('why') or ())}" for s in steps]
         found = worst([rec.get("reasons") or {} for _, rec in records]
                       + [a.get("found") or {} for a in after])
         seen = []
@@ -114,7 +119,7 @@ def from_calibration(name: str, runs: Sequence[Mapping[str, Any]], disturbed: in
                      f"`neox-perf calibrate --cluster {name}` again: it measures the flagged "
                      f"samples again and refits"
                    + (" (the collectives and the engine are measured again only into a new "
-                      "--store)" if after else "") + ".")
+                      "--store)" if after or steps else "") + ".")
     return Disturbance(flagged, warning, samples, disturbed,
                        extra={"max_slowdown": slowdown, "runs": runs_out})
 

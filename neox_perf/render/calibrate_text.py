@@ -56,6 +56,24 @@ def _disturbance(result, console) -> None:
         console.print(f"[dim]machine quiet: no sample was timed while the reference strayed more "
                       f"than {threshold:.1%} from its time at rest ({last.get('readings_taken', 0)} "
                       f"readings)[/dim]")
+    _steps(result.steps_watched, console)
+
+
+def _steps(watched, console) -> None:
+    """The steps after the operators, each watched whole (calibration/step_watch.py)."""
+    if not watched or not watched.get("steps"):
+        return
+    steps = watched["steps"]
+    again = [s for s in steps if s.get("retimed")]
+    if again:
+        console.print("[dim]run again once the machine was quiet (other processes shared it the "
+                      "first time): " + "; ".join(
+                          f"{s['step']} ({s['others_share']:.0%} of the CPUs, then "
+                          f"{s.get('retime_share') or 0.0:.1%})" for s in again) + "[/dim]")
+    shares = [s["others_share"] for s in steps if s.get("others_share") is not None]
+    if shares and not any(s.get("still_disturbed") for s in steps):
+        console.print(f"[dim]{', '.join(s['step'] for s in steps)}: other processes took at most "
+                      f"{max(shares):.1%} of the CPUs (limit {watched['limit']:.0%})[/dim]")
 
 
 def render(result, console) -> None:

@@ -62,8 +62,9 @@ def _render_report(r: dict, console) -> None:
     head = Table(title="Iteration time", title_justify="left", box=box.SIMPLE_HEAD)
     for col in ("", "predicted", "measured", "error"):
         head.add_column(col, justify="right" if col else "left")
-    head.add_row("min", _s(it["predicted"]), _s(m["min"]), _e(it["error_min"]))
-    head.add_row("median", _s(it["predicted"]), _s(m["median"]), _e(it["error_median"]))
+    # the prediction is for the typical iteration (what the run costs): the median first
+    head.add_row("typical (median)", _s(it["predicted"]), _s(m["median"]), _e(it["error_median"]))
+    head.add_row("fastest", _s(it["predicted"]), _s(m["min"]), _e(it["error_min"]))
     console.print(head)
     console.print(f"[dim]{m['used']} of {m['count']} iterations used; excluded: {m['excluded']}[/dim]")
     hook = m.get("hook_overhead") or {}

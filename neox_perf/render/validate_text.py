@@ -21,14 +21,16 @@ def _layout(lay: dict) -> str:
 def render(result, console) -> None:
     table = Table(title=f"Predicted vs measured seconds per iteration ({result.cluster}, "
                         f"{result.gpus} processes)", title_justify="left")
-    for col in ("config", "layout", "predicted", "80% interval", "measured (min)", "median", "error"):
+    for col in ("config", "layout", "predicted", "80% interval", "measured (median)", "error",
+                "fastest", "error"):
         table.add_column(col, justify="left" if col in ("config", "layout") else "right")
     for r in result.results:
         name = ", ".join(c.rsplit("/", 1)[-1] for c in r.config)
         iv = getattr(r, "interval_seconds", None)
         table.add_row(name, _layout(r.layout), f"{r.predicted_seconds:.3f}",
-                      f"{iv[0]:.3f} .. {iv[1]:.3f}" if iv else "-", f"{r.measured_seconds:.3f}",
-                      f"{r.measured_median_seconds:.3f}", _err(r.error))
+                      f"{iv[0]:.3f} .. {iv[1]:.3f}" if iv else "-",
+                      f"{r.measured_median_seconds:.3f}", _err(r.error), f"{r.measured_seconds:.3f}",
+                      _err(r.error_fastest))
     console.print(table)
     comp = Table(title="Per component (seconds per iteration, max over stages; predicted / measured)",
                  title_justify="left")
@@ -48,7 +50,8 @@ def render(result, console) -> None:
             print_memory(r.memory, f"{name}: memory per GPU at the peak (predicted / measured, "
                                    f"error)", console)
     if result.mape is not None:
-        console.print(f"mean absolute error {100 * result.mape:.1f}% over {len(result.results)} "
+        console.print(f"against the typical (median) iteration: mean absolute error "
+                      f"{100 * result.mape:.1f}% over {len(result.results)} "
                       f"config(s); largest {100 * result.max_abs_error:.1f}%; mean signed "
                       f"{100 * result.mean_signed_error:+.1f}%")
     for r in result.results:

@@ -1,5 +1,8 @@
 """Shared by the calibration tests (a uniquely named module: every test folder has a conftest)."""
+import contextlib
 import itertools
+import subprocess
+import sys
 
 # Tiny per-op features: every operator builds and runs in well under a millisecond.
 TINY = {"m": 8, "k": 16, "n": 24, "batch": 4, "l": 16, "head_dim": 8, "b": 2, "heads": 2,
@@ -31,3 +34,18 @@ class FakeClock:
         self.calls += 1
         self.now += next(self.steps)
         return self.now
+
+
+SPIN = "import os\nos.sched_setaffinity(0, {%d})\nprint('spinning', flush=True)\nwhile True:\n    pass\n"
+
+
+@contextlib.contextmanager
+def spinning(cpu):
+    """A process spinning on ``cpu`` for the block (a child: judge before it is reaped)."""
+    proc = subprocess.Popen([sys.executable, "-c", SPIN % cpu], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "spinning"
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()

@@ -25,8 +25,6 @@ import argparse
 import contextlib
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -41,6 +39,8 @@ from neox_perf.cli import main  # noqa: E402
 from neox_perf.commands.calibrate import run_calibrate  # noqa: E402
 from neox_perf.predictors import load_profile  # noqa: E402
 from neox_perf.predictors.fitting import fit  # noqa: E402
+
+from calib_helpers import spinning  # noqa: E402
 
 PLAN = """
 name: disturbance-test
@@ -57,7 +57,6 @@ CONFIG = """{
   "optimizer": {"type": "Adam", "params": {"lr": 0.001}}
 }"""
 
-SPIN = "import os\nos.sched_setaffinity(0, {%d})\nprint('spinning', flush=True)\nwhile True:\n    pass\n"
 CPU = max(os.sched_getaffinity(0))
 
 
@@ -71,17 +70,6 @@ def _pinned(cpu):
         os.sched_setaffinity(0, before)
 
 
-@contextlib.contextmanager
-def _spinning(cpu):
-    proc = subprocess.Popen([sys.executable, "-c", SPIN % cpu], stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout.readline().strip() == "spinning"
-        yield proc
-    finally:
-        proc.kill()
-        proc.wait()
-
-
 def _calibrate(tmp_path, name, busy):
     (tmp_path / "plan.yml").write_text(PLAN)
     (tmp_path / "config.yml").write_text(CONFIG)
@@ -91,7 +79,7 @@ def _calibrate(tmp_path, name, busy):
     mine, everywhere = machine.CpuClock(frozenset({CPU})), machine.CpuClock()
     start, start_all = mine.mark(), everywhere.mark()
     with contextlib.ExitStack() as stack:
-        spinner = stack.enter_context(_spinning(CPU)) if busy else None
+        spinner = stack.enter_context(spinning(CPU)) if busy else None
         with _pinned(CPU):
             result = run_calibrate(args, grid=fit.QUICK_GRID)
         # before the spinner is reaped: a reaped child's CPU time counts as this process's own

@@ -9,7 +9,8 @@ CONFIGS = ["pp1-dp2-layernorm.yml", "pp2-untied-layernorm.yml"]
 
 
 def test_measured_file_is_repredicted_by_each_profile(tmp_path, capsys, benchmark_script):
-    measured = {"results": [{"config": [f"/elsewhere/{name}"], "measured_seconds": 2.0 + i}
+    measured = {"results": [{"config": [f"/elsewhere/{name}"], "measured_seconds": 2.0 + i,
+                             "measured_median_seconds": 2.2 + i}
                             for i, name in enumerate(CONFIGS)]}  # saved on another checkout
     path = tmp_path / "measured.json"
     path.write_text(json.dumps(measured))
@@ -23,8 +24,10 @@ def test_measured_file_is_repredicted_by_each_profile(tmp_path, capsys, benchmar
     for row in comp["rows"]:
         a, b = (row["predicted"][n] for n in comp["clusters"])
         assert a["seconds"] != b["seconds"]  # two profiles, two predictions of one measurement
-        for p in (a, b):
-            assert p["error"] == pytest.approx(p["seconds"] / row["measured_seconds"] - 1.0)
+        assert row["measured_median_seconds"] > row["measured_seconds"]
+        for p in (a, b):  # against the typical (median) iteration, the fastest beside it
+            assert p["error"] == pytest.approx(p["seconds"] / row["measured_median_seconds"] - 1.0)
+            assert p["error_fastest"] == pytest.approx(p["seconds"] / row["measured_seconds"] - 1.0)
     for name, s in comp["summary"].items():
         errors = [r["predicted"][name]["error"] for r in comp["rows"]]
         assert s["mape"] == pytest.approx(100 * sum(map(abs, errors)) / len(errors))
@@ -38,6 +41,22 @@ def test_measured_file_text_table(tmp_path, capsys, benchmark_script):
     assert benchmark_script("validate_local").main(["--measured", str(path), "--cluster", "perlmutter-a100"]) == 0
     text = capsys.readouterr().out
     assert CONFIGS[0] in text and "perlmutter-a100: MAPE" in text and "mean signed" in text
+
+
+def test_validate_compares_with_the_typical_iteration():
+    from neox_perf.commands.validate import ConfigValidation
+    r = ConfigValidation(config=["x.yml"], layout={}, predicted_seconds=1.1, measured_seconds=1.0,
+                         measured_median_seconds=1.1, iterations=5, warmup=2, components=[], stages=[])
+    assert r.error == pytest.approx(0.0) and r.error_fastest == pytest.approx(0.1)
+    d = r.to_dict()
+    assert d["error_against"] == "median" and d["error_fastest"] == pytest.approx(0.1)
+
+
+def test_measured_stage_components_split_the_typical_iteration():
+    from neox_perf.commands.validate import measured_stage_components
+    its = [{"iteration": t, "forward": t / 2, "backward": t / 4} for t in (1.0, 3.0, 1.2, 1.1, 0.9)]
+    stage = measured_stage_components({0: its}, [{"rank": 0, "stage": 0}], warmup=0)[0]
+    assert stage["forward"] == pytest.approx(0.55) and stage["other"] == pytest.approx(1.1 / 4)
 
 
 def test_validate_summary_reports_the_sign_the_absolute_mean_hides():

@@ -1,0 +1,178 @@
+"""Two calibrations of one machine, the same layouts predicted with each: do they agree?
+
+    python benchmarks/calibrate_twice.py --run DIR          # calibrate --quick twice (fresh
+                                                             # stores under DIR), then compare
+    python benchmarks/calibrate_twice.py PROFILE_A PROFILE_B # compare two existing profiles
+
+Each layout of benchmarks/validation/ is predicted (2 processes, as validate_local.py launches
+them) with profile A and profile B; the table gives their disagreement, B over A. Then, per
+layout, which part of the profile the disagreement comes from: A with one part of B's swapped
+in -- the operator regressors, the collective regressors, each engine term (the layer residuals,
+the optimizer and gradient terms, the tensor-parallel all-reduce, ZeRO's collectives), the step
+terms -- and the prediction's move. The parts' moves need not add up (they interact); the one
+that moves most is where the calibration is not reproducible.
+
+The two calibrations must each be taken on a quiet machine (nothing else running): what is
+compared is the calibration's own repeatability, not the machine's load. `--run` checks the
+load average before each and says so when it is not quiet.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from validate_local import CONFIGS, _vocab  # noqa: E402  (the same layouts and vocabularies)
+
+BAR = 0.03  # the issue's bar: two quiet calibrations agree within 3% per layout
+
+
+def calibrate(out_dir: Path, name: str) -> Path:
+    """`neox-perf calibrate --quick` into a fresh store; returns the profile directory."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    store, prof = out_dir / f"{name}.sqlite", out_dir / f"profile-{name}"
+    for p in (store, prof):
+        if p.exists():
+            raise SystemExit(f"{p}: exists; --run wants a fresh directory (a resumed store is not a "
+                             f"second calibration)")
+    load = os.getloadavg()[0]
+    print(f"calibrating {name} (load average {load:.2f})", flush=True)
+    started = time.monotonic()
+    with open(out_dir / f"{name}.json", "w") as fh:
+        rc = subprocess.call([sys.executable, "-m", "neox_perf", "calibrate", "--cluster", name,
+                              "--quick", "--store", str(store), "--out", str(prof), "--json"],
+                             stdout=fh)
+    if rc != 0:
+        raise SystemExit(f"calibrate {name} failed (exit {rc}); see {out_dir / (name + '.json')}")
+    print(f"  {time.monotonic() - started:.0f} s", flush=True)
+    return prof
+
+
+def _load(path_or_name: str):
+    from neox_perf.predict import load_cluster
+    return load_cluster(path_or_name)
+
+
+def parts(a, b, detail: bool = False) -> Dict[str, object]:
+    """Profile a with each part of b swapped in, by name. Reaches into the sampled profile's
+    model tables: a benchmark's dissection, not an API."""
+    out = {}
+
+    def fresh(manifest=None):
+        p = copy.copy(a)
+        p._cache = {}
+        if manifest is not None:
+            p.manifest = manifest
+        return p
+
+    p = fresh()
+    p._ops, p._curves = b._ops, b._curves
+    out["operators"] = p
+    if detail:  # each operator model alone
+        for key in sorted(set(a._ops) & set(b._ops)):
+            p = fresh()
+            p._ops = {**a._ops, key: b._ops[key]}
+            p._curves = {k: v for k, v in a._curves.items() if k != key}
+            if key in b._curves:
+                p._curves[key] = b._curves[key]
+            out[f"operator {key[0]}/{key[1]}"] = p
+    p = fresh()
+    p._colls = b._colls
+    out["collectives"] = p
+    ea, eb = a.manifest.engine, b.manifest.engine
+    if ea is not None and eb is not None:
+        names = sorted(set(ea.residuals) | set(ea.linears) | set(ea.curves)
+                       | set(eb.residuals) | set(eb.linears) | set(eb.curves))
+        for n in names:
+            out[f"engine {n}"] = fresh(dataclasses.replace(a.manifest, engine=ea.with_terms_of(eb, n)))
+    if a.manifest.step_terms != b.manifest.step_terms:
+        out["step terms"] = fresh(dataclasses.replace(a.manifest, step_terms=b.manifest.step_terms))
+    return out
+
+
+def compare(a, b, configs: List[Path], gpus: int, detail: bool = False) -> dict:
+    from neox_perf.commands.validate import predict
+
+    swapped = parts(a, b, detail)
+    rows = []
+    for cfg in configs:
+        vocab = _vocab(cfg, None)
+
+        def seconds(profile) -> float:
+            return predict([str(cfg)], gpus, profile, vocab, "cpu").estimate.iteration_seconds
+
+        sa, sb = seconds(a), seconds(b)
+        moves = {name: seconds(p) / sa - 1.0 for name, p in swapped.items()}
+        top = sorted(moves.items(), key=lambda kv: -abs(kv[1]))
+        rows.append({"config": cfg.name, "a_seconds": sa, "b_seconds": sb,
+                     "disagreement": sb / sa - 1.0, "parts": dict(top)})
+    worst = max(rows, key=lambda r: abs(r["disagreement"]))
+    mean = sum(abs(r["disagreement"]) for r in rows) / len(rows)
+    return {"a": str(a.path), "b": str(b.path), "gpus": gpus, "rows": rows,
+            "mean_abs_disagreement": mean, "worst": {"config": worst["config"],
+                                                      "disagreement": worst["disagreement"]},
+            "within_bar": sum(abs(r["disagreement"]) <= BAR for r in rows), "bar": BAR}
+
+
+def render(result: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False, width=170)
+    table = Table(title=f"A: {result['a']}\nB: {result['b']}\nthe same layouts, predicted with "
+                        f"each ({result['gpus']} processes); parts: A with that part of B",
+                  title_justify="left")
+    for col in ("config", "A s", "B s", "B/A", "largest moves (A with B's part)"):
+        table.add_column(col, justify="left" if col in ("config",) or col.startswith("largest") else "right")
+    for r in result["rows"]:
+        moves = ", ".join(f"{n} {100 * v:+.1f}%" for n, v in list(r["parts"].items())[:3])
+        table.add_row(r["config"], f"{r['a_seconds']:.4f}", f"{r['b_seconds']:.4f}",
+                      f"{100 * r['disagreement']:+.1f}%", moves)
+    console.print(table)
+    console.print(f"mean |B/A - 1| {100 * result['mean_abs_disagreement']:.2f}%, worst "
+                  f"{100 * result['worst']['disagreement']:+.1f}% ({result['worst']['config']}); "
+                  f"{result['within_bar']} of {len(result['rows'])} layouts within "
+                  f"{100 * result['bar']:.0f}%")
+    totals: Dict[str, float] = {}
+    for r in result["rows"]:
+        for n, v in r["parts"].items():
+            totals[n] = totals.get(n, 0.0) + abs(v) / len(result["rows"])
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1])
+    console.print("mean |move| per part: " + ", ".join(f"{n} {100 * v:.2f}%" for n, v in ranked[:8]))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("profiles", nargs="*", help="two profiles (names or directories)")
+    ap.add_argument("--run", metavar="DIR", help="calibrate --quick twice into DIR, then compare")
+    ap.add_argument("--gpus", type=int, default=2)
+    ap.add_argument("--operators", action="store_true",
+                    help="also swap each operator's model alone (which regressor moves)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    if args.run:
+        out = Path(args.run)
+        paths = [str(calibrate(out, "first")), str(calibrate(out, "second"))]
+    elif len(args.profiles) == 2:
+        paths = args.profiles
+    else:
+        ap.error("give two profiles, or --run DIR")
+    result = compare(_load(paths[0]), _load(paths[1]), CONFIGS, args.gpus, args.operators)
+    if args.json:
+        sys.stdout.write(json.dumps(result, indent=1) + "\n")
+    else:
+        render(result)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
