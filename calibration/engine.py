@@ -200,7 +200,7 @@ class _Barrier:
     each peer's DeepSpeed engine must see a world of one)."""
 
     def __init__(self, peer: int, peers: int, port: int):
-        self.peers, self.count = peers, 0
+        self.peer, self.peers, self.count = peer, peers, 0
         self.store = None
         if peers > 1:
             import datetime
@@ -217,6 +217,18 @@ class _Barrier:
         if self.store.add(key, 1) == self.peers:
             self.store.set(key + "/go", "1")
         self.store.wait([key + "/go"])
+
+    def close(self, timeout: float = 600.0) -> None:
+        """Peer 0 serves the store: it leaves only once every peer is past its last wait (else
+        a peer still reading the last "go" loses the connection: seen when another process
+        slowed one peer down)."""
+        if self.store is None:
+            return
+        self.store.add("closed", 1)
+        if self.peer == 0:
+            deadline = time.monotonic() + timeout
+            while self.store.add("closed", 0) < self.peers and time.monotonic() < deadline:
+                time.sleep(0.01)
 
 
 def _engine_worker(path: Path, device: str, todo=ENGINE_SHAPES, peer: int = 0, peers: int = 1,
@@ -251,6 +263,7 @@ def _engine_worker(path: Path, device: str, todo=ENGINE_SHAPES, peer: int = 0, p
                 tmp.write_text(json.dumps(data, indent=1))
                 os.replace(tmp, path)  # a kill loses at most the shape in flight
                 print(progress_line(measured=f"{f'ZeRO-{zero} ' if zero else ''}{label}"), flush=True)
+    barrier.close()
     import torch.distributed as dist
     if dist.is_initialized():
         # gloo's threads must stop before the interpreter does (else abort at exit), and no
