@@ -126,12 +126,12 @@ def _held_out_interval(cases, predicted, shares, fold_of, pool=None):
 
 def _rank_line(rankings) -> str:
     if len(rankings) > 6:  # vTrain's single-node set: 64 (model, GPUs, batch) groups
-        rho = np.array([r.spearman for r in rankings])
-        reg = np.array([r.regret for r in rankings])
+        s = _rank_record(rankings)
         worst = min(rankings, key=lambda r: r.spearman)
-        return (f"{len(rankings)} groups: Spearman median {np.median(rho):.2f} (worst {worst.spearman:.2f}, "
-                f"{_group_name(worst.group)}), >= 0.8 in {int(np.sum(rho >= 0.8))}; regret median "
-                f"{np.median(reg):.3f}, worst {reg.max():.3f}, <= 1.03 in {int(np.sum(reg <= 1.03))}")
+        return (f"{s['groups']} groups: Spearman median {s['spearman_median']:.2f} (worst "
+                f"{s['spearman_min']:.2f}, {_group_name(worst.group)}), >= 0.8 in "
+                f"{s['groups_spearman_at_least_0.8']}; regret median {s['regret_median']:.3f}, worst "
+                f"{s['regret_max']:.3f}, <= 1.03 in {s['groups_regret_at_most_1.03']}")
     return "; ".join(f"{_group_name(r.group)} ({r.layouts} layouts): Spearman {r.spearman:.2f}, regret "
                      f"{r.regret:.3f}" for r in rankings) or f"no model with {cluster_cv.MIN_LAYOUTS} layouts"
 

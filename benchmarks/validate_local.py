@@ -139,7 +139,7 @@ def _compare(clusters, measured, args) -> dict:
             seconds = p.estimate.iteration_seconds
             row["predicted"][name] = {"seconds": seconds, "error": seconds / m - 1.0,
                                       "error_fastest": seconds / fastest - 1.0}
-            errors.append(seconds / m - 1.0)
+            errors.append(row["predicted"][name]["error"])
         worst = max(range(len(errors)), key=lambda i: abs(errors[i]))
         summary[name] = {"mape": 100 * sum(map(abs, errors)) / len(errors),
                          "mean_signed": 100 * sum(errors) / len(errors),

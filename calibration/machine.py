@@ -30,10 +30,9 @@ TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 # /proc/stat columns after the cpu name: user nice system idle iowait irq softirq steal ...
 _BUSY_COLUMNS = (0, 1, 2, 5, 6, 7)
 # Without irq and softirq: a step whose own processes talk over the loopback (gloo's TCP)
-# has the receive path run in softirq, charged to the CPU and to no process, so it would
-# count as someone else's (measured: 2.4-2.7% of both CPUs during the collective steps of a
-# quiet calibration, against 0.0-1.1% for the steps that talk less). Another process's own
-# work is user and system time.
+# has the receive path run in softirq, charged to the CPU and to no process (about 1% of both
+# CPUs during the tensor-parallel benchmark here), which is the step's own work, not a
+# neighbour's. Another process's own work is user and system time.
 PROCESS_COLUMNS = (0, 1, 2, 7)
 MIN_TICKS = 100  # a shorter span is within a few ticks' rounding of any value: not reported
 

@@ -144,7 +144,8 @@ def run_calibrate(args, progress: Optional[Progress] = None,
     result.seconds["operators"] = time.monotonic() - started
     from ..calibration.machine import CpuClock
     since = CpuClock().mark()  # other processes' CPU time during the collectives and the engine
-    watch = _step_watch(device) if summary.disturbance is not None else None
+    from ..calibration.step_watch import StepWatch
+    watch = StepWatch.for_device(device) if summary.disturbance is not None else None
     steps = _Steps(store, nproc, device, watch)
 
     started = time.monotonic()
@@ -167,13 +168,13 @@ def run_calibrate(args, progress: Optional[Progress] = None,
         result.engine = steps.engine(_stepper(progress, "engine"),
                                      **({"shapes": tuple(shapes)} if shapes else {}))
     result.seconds["engine"] = time.monotonic() - started
+    if watch is not None:
+        result.steps_watched = watch.record()
     if summary.disturbance is not None and (result.engine or result.collectives.get("measured")
                                             or result.collectives.get("buckets")):
         from ..calibration.sweep import recheck
         recheck(store, summary.run_id, device, "after the collectives and the engine", since,
-                steps=watch.record() if watch is not None else None)
-    if watch is not None:
-        result.steps_watched = watch.record()
+                steps=result.steps_watched)
 
     started = time.monotonic()
     try:
@@ -196,11 +197,6 @@ def run_calibrate(args, progress: Optional[Progress] = None,
     return result
 
 
-def _step_watch(device: str):
-    from ..calibration.step_watch import StepWatch
-    return StepWatch.for_device(device)
-
-
 class _Steps:
     """The steps after the operators, each run under ``watch`` (None: unwatched, as with an
     injected clock) with a way to run it again into a scratch target whose result replaces
@@ -216,8 +212,7 @@ class _Steps:
 
     def _scratch(self, suffix: str) -> Path:
         path = self.store.with_name(f"{self.store.stem}.retime{suffix}")
-        for p in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
-            p.unlink(missing_ok=True)
+        _remove(path)
         return path
 
     def _collectives_again(self, run_into):
@@ -282,7 +277,12 @@ def _merge_collectives(scratch: Path, store: Path) -> None:
             dst.add_sample(x.op, x.phase, x.features, x.seconds, device=device, run=runs[x.run_id],
                            dtype=x.dtype, repeats=x.repeats, median=x.median, iqr=x.iqr,
                            min_seconds=x.min, info={**x.info, "retimed": True}, replace=True)
-    for p in (scratch, Path(f"{scratch}-wal"), Path(f"{scratch}-shm")):
+    _remove(scratch)
+
+
+def _remove(path: Path) -> None:
+    """A scratch file, with the WAL and shared-memory files SQLite keeps beside a store."""
+    for p in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
         p.unlink(missing_ok=True)
 
 

@@ -176,43 +176,40 @@ def _fit_zero(rows: dict) -> Tuple[dict, List[FitRow]]:
     return terms, table
 
 
-def _size_curve(pts) -> List[List[float]]:
-    """[[elements, seconds]] by size: sizes within 2% of each other are one size, its fastest
-    measurement kept (interference only ever adds time), and no larger size faster than a
-    smaller one."""
+def _merged_curve(groups, width: float, combine) -> List[List[float]]:
+    """[[elements, seconds]] by size from (elements, [seconds...]) groups: groups whose sizes
+    are within ``width`` of the first of them are one size, its seconds ``combine`` of all
+    their values, and no larger size faster than a smaller one."""
     curve: List[List[float]] = []
-    for e, sec in sorted((float(e), float(sec)) for e, sec in pts):
-        if curve and e <= curve[-1][0] * 1.02:
-            curve[-1][1] = min(curve[-1][1], sec)
+    values: List[float] = []
+    for e, times in sorted((float(e), [float(t) for t in ts]) for e, ts in groups):
+        if curve and e <= curve[-1][0] * width:
+            values += times
         else:
-            curve.append([e, sec])
+            values = times
+            curve.append([e, 0.0])
+        curve[-1][1] = float(combine(values))
     for i in range(1, len(curve)):
         curve[i][1] = max(curve[i][1], curve[i - 1][1])
     return curve
+
+
+def _size_curve(pts) -> List[List[float]]:
+    """From one value per shape (rows stored before the repeats were kept): sizes within 2% of
+    each other are one size, its fastest measurement kept (interference only ever adds time)."""
+    return _merged_curve([(e, [sec]) for e, sec in pts], 1.02, min)
 
 
 POOL_WIDTH = 1.10  # sizes within 10% of the smallest of them: one size, their repeats pooled
 
 
 def _pooled_size_curve(groups) -> List[List[float]]:
-    """[[elements, seconds]] by size from every timed repeat: the repeats of shapes whose sizes
-    are within POOL_WIDTH of each other pooled, the median of the pool kept, and no larger size
-    faster than a smaller one. A data-parallel collective in a step waits for the other rank
-    and shares the cores with gloo's threads: its repeats spread 2-4x (87-338 ms for one
-    size here), so five repeats of one shape give a median that moves by 2x between two
-    calibrations; the pool of every shape near a size (up to 25 repeats) holds still."""
-    curve: List[List[float]] = []
-    pool: List[float] = []
-    for e, times in sorted((float(e), list(t)) for e, t in groups):
-        if curve and e <= curve[-1][0] * POOL_WIDTH:
-            pool += times
-            curve[-1][1] = float(np.median(pool))
-        else:
-            pool = list(times)
-            curve.append([e, float(np.median(pool))])
-    for i in range(1, len(curve)):
-        curve[i][1] = max(curve[i][1], curve[i - 1][1])
-    return curve
+    """From every timed repeat: the repeats of shapes whose sizes are within POOL_WIDTH of each
+    other pooled, the median of the pool kept. A data-parallel collective in a step waits for
+    the other rank and shares the cores with gloo's threads: its repeats spread 2-4x (87-338
+    ms for one size here), so five repeats of one shape give a median that moves by 2x between
+    two calibrations; the pool of every shape near a size (up to 25 repeats) holds still."""
+    return _merged_curve(groups, POOL_WIDTH, np.median)
 
 
 # Which of an engine shape's timed repeats a term is fitted on (calibration/engine.py stores
@@ -229,11 +226,11 @@ def typical_row(row: dict, statistic: str = STATISTIC) -> dict:
     """An engine measurement's row with each phase at ``statistic`` over its timed repeats:
     "fastest" as measured (the row's own values), "median" the middle repeat of each phase.
     A row written before repeats were stored keeps its values."""
+    if statistic not in ("fastest", "median"):
+        raise ValueError(f"statistic must be fastest or median, got {statistic!r}")
     repeats = row.get("repeats")
     if statistic == "fastest" or not repeats:
         return row
-    if statistic != "median":
-        raise ValueError(f"statistic must be fastest or median, got {statistic!r}")
     out = dict(row)
     for key in repeats[0]:
         values = [float(r[key]) for r in repeats if key in r]

@@ -114,6 +114,10 @@ def test_fit_zero_recovers_the_terms():
     from neox_perf.predictors.fitting.engine_fit import _size_curve
     assert _size_curve([(1e6, 0.3), (2e6, 0.1), (1.01e6, 0.2), (3e6, 0.5)]) == [
         [1e6, 0.2], [2e6, 0.2], [3e6, 0.5]]
+    # every repeat of the shapes within 10% of one size pooled, the pool's median kept
+    from neox_perf.predictors.fitting.engine_fit import _pooled_size_curve
+    assert _pooled_size_curve([(1e6, [1.0, 2.0, 3.0]), (1.05e6, [10.0, 20.0]), (2e6, [2.5])]) == [
+        [1e6, 3.0], [2e6, 3.0]]
     # one process: no data-parallel collectives to fit
     one = {k: {**r, "processes": 1} for k, r in rows.items()}
     assert set(_fit_zero(one)[0]) == {"zero_reduce", "zero_step"}
