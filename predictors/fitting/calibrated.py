@@ -62,12 +62,16 @@ def _finite(v) -> Optional[float]:
 def fit_store(store_path, name: str, out_dir, *, device: Optional[int] = None,
               dtype: Optional[str] = None, gpus_per_node: Optional[int] = None,
               grid=None, progress: Optional[Progress] = None,
-              extra_notes: Tuple[str, ...] = (), source: Optional[str] = "calibrate") -> LocalFit:
+              extra_notes: Tuple[str, ...] = (), source: Optional[str] = "calibrate",
+              blended: bool = True) -> LocalFit:
     """Fit every (op, phase) and collective of one device in the store; write the profile
     to ``out_dir`` (a new version swapped in whole); return it with the
     per-operator validation table. ``grid``: fit.candidates() by default. ``source``: the
     samples to fit, "calibrate" by default; None adds the training-run samples that
-    `calibrate --from-run` merged into the store."""
+    `calibrate --from-run` merged into the store. ``blended``: each operator's trees are the
+    mean of its best random forest and its best XGBoost (fit.fit_one): a profile fitted again
+    from another calibration of the same machine then moves with the samples, not with which
+    of two near-equal models won (docs/validation.md, "Two calibrations of one machine")."""
     from neox_perf.calibration.store import SampleStore
 
     started = time.perf_counter()
@@ -98,7 +102,7 @@ def fit_store(store_path, name: str, out_dir, *, device: Optional[int] = None,
         if progress is not None:
             progress(i, len(todo), f"{op} {phase}")
         result = fit_set(f"{name}/{op}/{phase}", op, phase, ts, facts, grid, pool, operators,
-                         collectives, notes)
+                         collectives, notes, blended=blended)
         v = {k: _finite(x) for k, x in result.validation.items()}
         table.append(FitRow(op, phase, len(ts), result.chosen, v,
                             result.validation_detail.get("reason", "")))
@@ -131,7 +135,9 @@ def fit_store(store_path, name: str, out_dir, *, device: Optional[int] = None,
                         "processes": procs},
         "training": {
             "library_versions": _versions(),
-            "validation": "one seeded 80/20 split per op/phase; MAPE on seconds; chosen model refitted on all rows",
+            "validation": ("one seeded 80/20 split per op/phase; MAPE on seconds; chosen model refitted on all rows"
+                           + ("; trees: the mean of the best random forest and the best XGBoost"
+                              if blended else "")),
             "tree_input": "natural log of each varying feature, cast to float32; target log(seconds / baseline)",
             "grid": [[k, p] for k, p in (grid if grid is not None else fit.candidates())],
             "seconds": None,

@@ -120,6 +120,40 @@ def export(model) -> Forest:
     raise TypeError(f"cannot export {type(model).__name__}")
 
 
+class Blend:
+    """The equal-weight mean of fitted models' predictions (what `blend` exports), for check_export."""
+
+    def __init__(self, models):
+        self.models = list(models)
+
+    def predict(self, x32: np.ndarray) -> np.ndarray:
+        return np.mean([np.asarray(m.predict(x32), dtype=np.float64) for m in self.models], axis=0)
+
+
+def blend(forests: List[Forest]) -> Forest:
+    """One summed forest predicting the equal-weight mean of ``forests``' predictions: each
+    forest's leaves scaled by its share (a mean-combined forest's also divided by its tree
+    count), the bases averaged, the node arrays laid end to end."""
+    share = 1.0 / len(forests)
+    feats, thrs, rights, values, roots = [], [], [], [], []
+    offset = 0
+    for f in forests:
+        scale = share / len(f.roots) if f.combine == "mean" else share
+        feats.append(f.feature)
+        thrs.append(f.threshold)
+        rights.append(f.right.astype(np.int64) + offset)
+        values.append(f.value * scale)
+        roots.append(f.roots.astype(np.int64) + offset)
+        offset += f.n_nodes
+    return Forest(feature=np.concatenate(feats).astype(np.int8),
+                  threshold=np.concatenate(thrs).astype(np.float32),
+                  right=np.concatenate(rights).astype(np.int32),
+                  value=np.concatenate(values).astype(np.float64),
+                  roots=np.concatenate(roots).astype(np.int32),
+                  depth=max(f.depth for f in forests), combine="sum",
+                  base=float(share * sum(f.base for f in forests)))
+
+
 def max_relative_error(forest: Forest, model, x32: np.ndarray) -> float:
     """Largest |numpy - library| / max(|library|, 1) over the rows of x32.
 

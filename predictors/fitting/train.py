@@ -154,13 +154,13 @@ def write_profile(out_dir: Path, manifest: dict, members: Dict[str, np.ndarray])
 
 def fit_set(key: str, op: str, phase: str, ts, facts, grid, pool: "_ArrayPool",
             operators: Dict[str, Dict[str, dict]], collectives: Dict[str, dict],
-            notes: List[str]) -> fit.FitResult:
+            notes: List[str], blended: bool = False) -> fit.FitResult:
     """Fit one (op, phase) sample set and file its manifest entry under ``operators`` or
     ``collectives``: shared by the bundled profiles' trainer and `neox-perf calibrate`."""
     names = COLLECTIVE_FEATURES if phase == COLLECTIVE_PHASE else opspec.op_spec(op).features
     limits = cleaning.baseline_limits(ts, facts)
     result = fit.fit_one(key, cleaning.baseline_design(ts, facts), [ts.features[n] for n in names],
-                         ts.seconds, grid=grid, limits=limits)
+                         ts.seconds, grid=grid, limits=limits, blended=blended)
     entry = {"features": list(names), "rows": int(len(ts)), "ranges": _ranges(ts.features, names),
              "grid": _grid(ts.features, names)}
     entry.update(_model_entry(result, list(names), pool))

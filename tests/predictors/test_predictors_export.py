@@ -112,3 +112,50 @@ def test_a_zero_flag_among_the_tree_features_fits_and_predicts():
     if result.forest is not None:
         off, on = (result.forest.predict(log_features([[256.0], [c]]))[0] for c in (0.0, 1.0))
         assert on < off  # causal halves the work: the trees see the flag
+
+
+def test_a_blend_predicts_the_mean_of_its_models():
+    """export.blend lays a random forest and a booster end to end as one summed forest: it
+    predicts their mean (batch and single-row paths), trees of different depths included."""
+    x, y = _data(5)
+    rf = fit.make_model("random_forest", dict(n_estimators=16, max_depth=8, min_samples_leaf=2,
+                                              max_features=1.0)).fit(x, y)
+    xgb = fit.make_model("xgboost", dict(n_estimators=60, learning_rate=0.1, max_depth=3,
+                                         min_child_weight=1, subsample=0.8)).fit(x, y + 0.5)
+    forest = export.blend([export.export(rf), export.export(xgb)])
+    both = export.Blend([rf, xgb])
+    assert len(forest.roots) == 16 + 60 and forest.depth == 8
+    for rows in (x, _inputs(x)):
+        assert export.max_relative_error(forest, both, rows) <= 1e-5
+    # the mean, not either model: each is well away from it somewhere
+    for model in (rf, xgb):
+        assert np.max(np.abs(forest.predict(x) - model.predict(x))) > 0.1
+    for row in x[:10]:
+        assert forest.predict_one(row) == pytest.approx(forest.predict(row[None, :])[0], rel=1e-9, abs=1e-9)
+
+
+def test_a_blended_fit_is_the_mean_of_each_kinds_best():
+    """fit_one(blended=True): the trees are the mean of the best random forest and the best
+    XGBoost on the validation split, refitted on every row, validated as one candidate."""
+    rng = np.random.default_rng(2)
+    n = 200
+    size = rng.choice([64.0, 128.0, 256.0, 512.0, 1024.0], n)
+    other = rng.choice([1.0, 2.0, 4.0, 8.0], n)
+    seconds = 1e-6 * size * other * (1 + 0.3 * np.sin(np.log(size))) * rng.uniform(0.98, 1.02, n)
+    design = np.column_stack([np.ones(n), size * other])
+    result = fit.fit_one("blend/fwd", design, [size, other], seconds, grid=fit.QUICK_GRID, blended=True)
+    assert result.chosen == fit.BLEND
+    assert set(result.hyperparameters) == {"random_forest", "xgboost"}
+    assert result.validation_detail["baseline_plus_trees"] == fit.BLEND
+    assert result.validation["chosen"] == result.validation["baseline_plus_trees"] < result.validation["baseline"]
+    single = fit.fit_one("blend/fwd", design, [size, other], seconds, grid=fit.QUICK_GRID)
+    assert single.chosen in ("random_forest", "xgboost")
+    x = log_features([size[:50], other[:50]])
+    resid = np.log(seconds) - np.log(fit.baseline.evaluate(design, result.coef))
+    models = [fit.make_model(k, result.hyperparameters[k]).fit(log_features([size, other]), resid)
+              for k in ("random_forest", "xgboost")]
+    np.testing.assert_allclose(result.forest.predict(x), np.mean([m.predict(x) for m in models], axis=0),
+                               atol=1e-5)
+    # one kind in the grid: nothing to blend, the single best as before
+    rf_only = fit.fit_one("blend/fwd", design, [size, other], seconds, grid=fit.QUICK_GRID[:1], blended=True)
+    assert rf_only.chosen in ("random_forest", "baseline")
