@@ -379,7 +379,7 @@ def markdown(report: dict) -> str:
              f"- torch {m.get('torch')}, CUDA {m.get('cuda')}, NCCL {m.get('nccl')}, "
              f"DeepSpeed {m.get('deepspeed')}, neox-perf {m.get('neox_perf')}, Python {m.get('python')}",
              f"- fp32 matmuls as TF32: {tf.get('fp32_matmuls_as_tf32')} ({tf.get('why')}; "
-             f"allow_tf32={tf.get('matmul_allow_tf32')}, "
+             f"allow_tf32={tf.get('allow_tf32')}, "
              f"TORCH_ALLOW_TF32_CUBLAS_OVERRIDE={tf.get('TORCH_ALLOW_TF32_CUBLAS_OVERRIDE')})",
              f"- clocks before: {json.dumps(report.get('clocks_before'))}",
              f"- clocks after: {json.dumps(report.get('clocks_after'))}", "",

@@ -28,6 +28,7 @@ import time
 from typing import Callable, Dict, List, Optional, Sequence
 
 OVERRIDE_ENV = "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"
+NVIDIA_OFF_ENV = "NVIDIA_TF32_OVERRIDE"
 SMI_FIELDS = ("name", "driver_version", "memory.total", "memory.used", "clocks.sm", "clocks.mem",
               "clocks.max.sm", "temperature.gpu", "power.draw", "pstate")
 Runner = Callable[[List[str]], str]
@@ -40,32 +41,43 @@ def _torch(module=None):
     return torch
 
 
-def tf32_state(torch_module=None, env=None, device: int = 0) -> Dict[str, object]:
-    """Whether fp32 matmuls run as TF32 on ``device``, and every setting that decides it."""
+def tf32_state(torch_module=None, env=None, device: int = 0, capability=None) -> Dict[str, object]:
+    """Whether fp32 matmuls run as TF32 on ``device`` (or on a GPU of ``capability``, a
+    (major, minor) pair, where the caller has it), and every setting that decides it: the one
+    reader of it (calibration/fingerprint.tf32_state, which the hook records, adapts this).
+    NVIDIA_TF32_OVERRIDE=0 turns TF32 off in cuBLAS whatever the framework asks (cuBLAS docs,
+    cublasSetMathMode)."""
     torch = _torch(torch_module)
     env = os.environ if env is None else env
     matmul = torch.backends.cuda.matmul
     out: Dict[str, object] = {
-        "matmul_allow_tf32": bool(getattr(matmul, "allow_tf32", False)),
-        "cudnn_allow_tf32": bool(getattr(torch.backends.cudnn, "allow_tf32", False)),
+        # the hook has recorded runs under these names since it first read them
+        "allow_tf32": bool(getattr(matmul, "allow_tf32", False)),
+        "cudnn_allow_tf32": bool(getattr(getattr(torch.backends, "cudnn", None), "allow_tf32", False)),
         "fp32_precision": getattr(matmul, "fp32_precision", None),  # torch >= 2.9
         "float32_matmul_precision": (torch.get_float32_matmul_precision()
                                      if hasattr(torch, "get_float32_matmul_precision") else None),
         OVERRIDE_ENV: env.get(OVERRIDE_ENV),
+        NVIDIA_OFF_ENV: env.get(NVIDIA_OFF_ENV),
         "capability": None,
     }
-    try:
-        if torch.cuda.is_available():
-            out["capability"] = ".".join(map(str, torch.cuda.get_device_capability(device)))
-    except Exception:  # a driver that cannot answer: capability unknown
-        pass
-    asked = (out["matmul_allow_tf32"] or out["fp32_precision"] == "tf32"
+    if capability is not None:
+        out["capability"] = f"{capability[0]}.{capability[1]}"
+    else:
+        try:
+            if torch.cuda.is_available():
+                out["capability"] = ".".join(map(str, torch.cuda.get_device_capability(device)))
+        except Exception:  # a driver that cannot answer: capability unknown
+            pass
+    asked = (out["allow_tf32"] or out["fp32_precision"] == "tf32"
              or out["float32_matmul_precision"] in ("high", "medium")
              or str(out[OVERRIDE_ENV] or "") == "1")
+    vetoed = str(out[NVIDIA_OFF_ENV] or "") == "0"
     capable = out["capability"] is not None and int(str(out["capability"]).split(".")[0]) >= 8
-    out["fp32_matmuls_as_tf32"] = bool(asked and capable)
+    out["fp32_matmuls_as_tf32"] = bool(asked and capable and not vetoed)
     out["why"] = ("no CUDA device: fp32 matmuls run on the CPU in IEEE fp32" if out["capability"] is None
                   else f"compute capability {out['capability']} < 8.0 has no TF32" if not capable
+                  else f"{NVIDIA_OFF_ENV}=0 turns TF32 off in cuBLAS" if asked and vetoed
                   else "asked for (allow_tf32, fp32_precision, float32_matmul_precision or the "
                        "override variable)" if asked else "PyTorch's default: IEEE fp32")
     return out

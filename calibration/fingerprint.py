@@ -69,28 +69,15 @@ def fingerprint(device: str = "cpu") -> Dict[str, Any]:
 
 def tf32_state(kind: str, capability=None) -> Dict[str, Any]:
     """Whether fp32 matmuls run as TF32 in this process: {"tf32": True | False | None, "tf32_flags":
-    what it was read from}. None on a CPU (no TF32 there). On CUDA: torch.backends.cuda.matmul.
-    allow_tf32 (PyTorch's default off since 1.12; its getter already counts the override below
-    and torch.set_float32_matmul_precision), the environment variable
-    TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 (pytorch/pytorch PR #77114; NVIDIA's PyTorch containers set
-    it), and NVIDIA_TF32_OVERRIDE=0, which turns TF32 off in cuBLAS whatever the framework asks
-    (cuBLAS docs, cublasSetMathMode). A GPU before Ampere (capability < 8.0) has no TF32."""
+    what it was read from}. None on a CPU (no TF32 there). On CUDA, calibration/cuda_facts.
+    tf32_state decides (allow_tf32, fp32_precision, torch.set_float32_matmul_precision,
+    TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 -- pytorch/pytorch PR #77114, set by NVIDIA's PyTorch
+    containers --, NVIDIA_TF32_OVERRIDE=0, and a GPU of capability 8.0 or later)."""
     if kind != "cuda":
         return {"tf32": None, "tf32_flags": f"TF32 does not apply on {kind}"}
-    import torch
-    flags: Dict[str, Any] = {
-        "allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
-        "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": os.environ.get("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"),
-        "NVIDIA_TF32_OVERRIDE": os.environ.get("NVIDIA_TF32_OVERRIDE"),
-    }
-    asked = (flags["allow_tf32"] or flags["TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"] == "1"
-             or flags["float32_matmul_precision"] != "highest")
-    on = asked and flags["NVIDIA_TF32_OVERRIDE"] != "0"
-    if capability is not None:
-        flags["capability"] = f"{capability[0]}.{capability[1]}"
-        on = on and tuple(capability) >= (8, 0)
-    return {"tf32": bool(on), "tf32_flags": flags}
+    from .cuda_facts import tf32_state as read
+    flags = read(capability=capability)
+    return {"tf32": flags["fp32_matmuls_as_tf32"], "tf32_flags": flags}
 
 
 def _has_nccl() -> bool:

@@ -143,3 +143,14 @@ def test_versions_on_this_machine_are_plain_data():
     v = cuda_facts.versions(torch)
     assert v["torch"] == torch.__version__ and v["cuda_available"] == torch.cuda.is_available()
     assert "nccl" in v
+
+
+def test_nvidia_override_zero_vetoes_tf32_and_a_given_capability_is_used():
+    """NVIDIA_TF32_OVERRIDE=0 turns TF32 off in cuBLAS whatever PyTorch asks; the hook passes
+    the capability it read, which wins over the device query (one reader for both callers)."""
+    torch = fake_torch(allow_tf32=True)[0]
+    vetoed = cuda_facts.tf32_state(torch, env={cuda_facts.NVIDIA_OFF_ENV: "0"})
+    assert vetoed["fp32_matmuls_as_tf32"] is False and "NVIDIA_TF32_OVERRIDE=0" in vetoed["why"]
+    assert cuda_facts.tf32_state(torch, env={cuda_facts.NVIDIA_OFF_ENV: "1"})["fp32_matmuls_as_tf32"] is True
+    given = cuda_facts.tf32_state(torch, env={}, capability=(7, 0))
+    assert given["capability"] == "7.0" and given["fp32_matmuls_as_tf32"] is False
