@@ -58,7 +58,7 @@ def calibrate(out_dir: Path, name: str) -> Path:
 
 
 def _load(path_or_name: str):
-    from neox_perf.predict import load_cluster
+    from neox_perf.prediction.predict import load_cluster
     return load_cluster(path_or_name)
 
 

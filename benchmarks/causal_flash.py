@@ -24,11 +24,11 @@ def main(argv=None) -> int:
     from neox_perf.calibration.bench import Protocol, Timer, measure
     from neox_perf.calibration.launch import use_caching_malloc
     from neox_perf.calibration.sweep import pick_threads, pinned_threads
-    from neox_perf.opspec import causal_work_fraction
+    from neox_perf.prediction.opspec import causal_work_fraction
 
     profile = None
     if args.cluster:
-        from neox_perf.predict import load_cluster
+        from neox_perf.prediction.predict import load_cluster
         profile = load_cluster(args.cluster)
     use_caching_malloc()
     timer, protocol = Timer(), Protocol(warmup=1, repeats=5)

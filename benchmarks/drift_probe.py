@@ -39,7 +39,7 @@ def protocols(runs) -> dict:
 def pick(samples, points: int, seed: int, timed_runs):
     """Up to `points` calibration samples of 1-200 ms, spread over the operators, from runs
     whose protocol is known."""
-    from neox_perf.opspec import OPERATORS
+    from neox_perf.prediction.opspec import OPERATORS
 
     by_op = defaultdict(list)
     for s in samples:  # operators only: collectives need every rank

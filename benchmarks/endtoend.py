@@ -38,10 +38,10 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from neox_perf.estimate import estimate  # noqa: E402
-from neox_perf.predict import load_cluster  # noqa: E402
+from neox_perf.prediction.estimate import estimate  # noqa: E402
+from neox_perf.prediction.predict import load_cluster  # noqa: E402
 from neox_perf.predictors.fitting import cluster_cv, devset, step_fit  # noqa: E402
-from neox_perf.step_terms import ACROSS_NODES, FITTED, INSIDE_NODE, Interval, StepTerms, of_profile  # noqa: E402
+from neox_perf.prediction.step_terms import ACROSS_NODES, FITTED, INSIDE_NODE, Interval, StepTerms, of_profile  # noqa: E402
 
 DEFAULT_CLUSTER = REPO / "neox_perf" / "examples" / "clusters" / "dgx-a100.yml"
 MULTI_CLUSTER = REPO / "benchmarks" / "clusters" / "vtrain-a100.yml"
@@ -298,7 +298,7 @@ def _write_terms(profile_dir: Path, section: dict) -> None:
     from dataclasses import replace
 
     from neox_perf.profile.directory import manifest_path, update
-    from neox_perf.step_terms import StepTermsSection
+    from neox_perf.prediction.step_terms import StepTermsSection
     terms = StepTermsSection.parse(section, "the fitted step terms")
     update(profile_dir, lambda m: replace(m, step_terms=terms))  # a kill mid-write keeps the old
     print(f"\nwrote step_terms into {manifest_path(profile_dir)}")

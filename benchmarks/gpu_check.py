@@ -246,7 +246,7 @@ def prediction_ways(row, work: Path) -> Dict[str, str]:
 
 def predict_ways(config: str, ways: Dict[str, str], device_type: str, measured: float):
     from neox_perf.commands.validate import predict
-    from neox_perf.predict import load_cluster
+    from neox_perf.prediction.predict import load_cluster
     out = {}
     for name, cluster in ways.items():
         try:
@@ -294,7 +294,7 @@ def run_config(config: str, label: str, ways: Dict[str, str], iters: int, work: 
                cuda: bool) -> Dict[str, object]:
     from neox_perf.calibration import cuda_facts
     from neox_perf.commands.validate import validate_one
-    from neox_perf.predict import load_cluster
+    from neox_perf.prediction.predict import load_cluster
 
     poller, before = None, None
     if cuda:

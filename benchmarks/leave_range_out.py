@@ -27,7 +27,7 @@ from typing import Dict, List
 
 import numpy as np
 
-from neox_perf import opspec
+from neox_perf.prediction import opspec
 from neox_perf.errors import ProfileError
 from neox_perf.predictors import baseline
 from neox_perf.predictors.fitting import cleaning, fit

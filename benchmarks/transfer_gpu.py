@@ -31,7 +31,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from neox_perf import opspec  # noqa: E402
+from neox_perf.prediction import opspec  # noqa: E402
 from neox_perf.predictors.fitting import cleaning  # noqa: E402
 from neox_perf.predictors import cluster_file, gpus, transfer  # noqa: E402
 from neox_perf.predictors.fitting.known_clusters import KNOWN_CLUSTERS  # noqa: E402

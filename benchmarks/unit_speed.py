@@ -31,7 +31,7 @@ def derive_seconds(repeat: int) -> float:
 
 
 def timeline_seconds(repeat: int) -> float:
-    from neox_perf.timeline import StageCost, simulate_1f1b
+    from neox_perf.prediction.timeline import StageCost, simulate_1f1b
     stages = [StageCost(0.05 + 0.001 * s, 0.1, 0.002, 0.002, 0.3, optimizer=0.01, param_allgather=0.02)
               for s in range(16)]
     stages[0] = StageCost(0.06, 0.12, 0.002, 0.0, 0.3, tied_allreduce=0.05, optimizer=0.01)

@@ -73,7 +73,7 @@ def main(argv=None) -> int:
     if args.measured:
         return _repredict(args, configs)
 
-    from neox_perf.predict import load_cluster
+    from neox_perf.prediction.predict import load_cluster
     from neox_perf.commands.validate import ValidateResult, validate_one
     from neox_perf.render.progress import bars, wanted
 
@@ -124,7 +124,7 @@ def _compare(clusters, measured, args) -> dict:
     iteration (the typical one, which predictions are for; the fastest beside it): per config
     and in summary (mean absolute and mean signed error, worst row)."""
     from neox_perf.commands.validate import predict
-    from neox_perf.predict import load_cluster
+    from neox_perf.prediction.predict import load_cluster
     from neox_perf.calibration.launch import cuda_available
 
     device = "cuda" if cuda_available() else "cpu"

@@ -36,7 +36,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from neox_perf import opspec
+from neox_perf.prediction import opspec
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 NEOX_MASK_VALUE = -10000.0  # megatron attention_mask_func fills with this, not -inf

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence, Tuple
 
-from neox_perf import opspec
+from neox_perf.prediction import opspec
 
 from .launch import progress_line
 from .store import COLLECTIVE_PHASE

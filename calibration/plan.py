@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import yaml
 
-from neox_perf import opspec
+from neox_perf.prediction import opspec
 from neox_perf.errors import NeoxPerfError
 
 from .store import COLLECTIVE_PHASE

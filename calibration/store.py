@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, TypeVar
 
-from neox_perf import opspec
+from neox_perf.prediction import opspec
 from neox_perf.errors import PathError
 
 FORMAT_NAME = "neox-perf-samples"

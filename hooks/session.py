@@ -412,7 +412,7 @@ class Session:
 
 def config_dims(cfg, derived) -> Dims:
     """Operator widths per tensor-parallel rank, as the config builds them (names GEMMs)."""
-    from neox_perf.operators import mlp_widths
+    from neox_perf.prediction.operators import mlp_widths
     m, mp = cfg.model, max(cfg.parallel.model_parallel_size, 1)
     hd = m.head_dim
     ffn_out, ffn_in = mlp_widths(cfg)

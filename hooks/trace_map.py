@@ -44,7 +44,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from neox_perf import opspec
+from neox_perf.prediction import opspec
 
 from .trace_events import Dims, Event, Groups, MapContext
 from .trace_rules import (COLLECTIVE_EVENT, COLLECTIVE_KIND, Unmapped, match, prod, shape,

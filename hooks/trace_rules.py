@@ -264,7 +264,7 @@ def match(e: Event, ctx: MapContext, phase: str, recompute: bool = False):
 
 def placement(size: int, stride: int, local_world: Optional[int]) -> Tuple[int, int]:
     """(nodes, members per node) of `size` ranks `stride` apart, nodes of `local_world`."""
-    from neox_perf.operators import group_placement
+    from neox_perf.prediction.operators import group_placement
     return group_placement(size, stride, local_world or size * stride)
 
 

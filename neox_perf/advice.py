@@ -81,7 +81,7 @@ def memory_fix(cfg: NeoxConfig, mem) -> Tuple[str, str]:
 def tensor_parallel_verdicts(cfg: NeoxConfig, estimate=None) -> List[Verdict]:
     """Tensor parallelism whose group spans nodes: its all-reduces (two per layer in forward,
     two in backward) leave NVLink for the inter-node network."""
-    from .operators import group_placement
+    from .prediction.operators import group_placement
     p = cfg.parallel
     mp, gpn = p.model_parallel_size, p.gpus_per_node
     if mp <= 1:

@@ -483,7 +483,7 @@ class Planner:
         return self._evaluate(cfg, derived, batch)[0]
 
     def _evaluate(self, cfg, derived, batch: int):
-        from .predict import predict
+        from .prediction.predict import predict
         from .result import mfu_peak
         pred = predict(cfg, derived, self.profile, timeline_events=False)  # a row reads no event
         est = pred.estimate
@@ -780,13 +780,13 @@ class Planner:
 
     def _one_micro_batch(self, cfg, derived):
         """The estimate of `cfg` run with one micro-batch per iteration."""
-        from .predict import predict
+        from .prediction.predict import predict
         return predict(self._one(cfg), derived, self.profile, timeline_events=False,
                        price_other=False).estimate  # its stages' times, no interval
 
     def _one_micro_batch_update(self, cfg, derived):
         """Per stage (gradient sync, optimizer step, parameter all-gather) of that estimate."""
-        from .predict import update_seconds
+        from .prediction.predict import update_seconds
         return update_seconds(self._one(cfg), derived, self.profile)
 
     def predict_admitted(self, admitted: List[tuple], batch: int,

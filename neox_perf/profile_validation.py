@@ -21,7 +21,7 @@ from .profile import directory
 from .profile.manifest import Manifest
 from .profile.protocol import Profile
 from .profile.sections import Validation, ValidationRun
-from .step_terms import VALIDATION_MIN_RUNS as MIN_RUNS, Interval
+from .prediction.step_terms import VALIDATION_MIN_RUNS as MIN_RUNS, Interval
 
 
 def record(profile: Profile, configs: List[str], measured: float, predicted: float,

@@ -52,8 +52,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Tuple
 
-from neox_perf import opspec
-from neox_perf.step_terms import COMPUTE_BOUND
+from neox_perf.prediction import opspec
+from neox_perf.prediction.step_terms import COMPUTE_BOUND
 
 from . import gpus
 from .errors import ProfileError

@@ -36,7 +36,7 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
-from neox_perf import opspec
+from neox_perf.prediction import opspec
 
 ROOFLINE_TERMS = ("t0", "sec_per_flop", "sec_per_byte")
 COLLECTIVE_TERMS = ("alpha_intra", "alpha_inter", "sec_per_byte_intra", "sec_per_byte_inter")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from neox_perf import opspec
+from neox_perf.prediction import opspec
 
 
 def floor_seconds(facts, kind: str, elements: float, nodes: int, gpus_per_node: int) -> float:

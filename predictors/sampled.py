@@ -17,11 +17,11 @@ from typing import Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from neox_perf import opspec
+from neox_perf.prediction import opspec
 from neox_perf.profile.facts import ClusterFacts
 from neox_perf.profile.manifest import Manifest
 from neox_perf.profile.sections import Provenance
-from neox_perf.collective_sources import SAMPLED
+from neox_perf.prediction.collective_sources import SAMPLED
 from neox_perf.profile.values import BatchPrediction, Coverage, Prediction, ProfileInfo
 
 from . import baseline, extrapolate, line_rate
@@ -68,7 +68,7 @@ class ClusterProfile:
     def predict(self, op: str, phase: str, features: Mapping[str, float]) -> Prediction:
         """Seconds for one operator call on one rank (one micro-batch, one tensor-parallel shard).
 
-        features: the op's generic per-rank shape, see neox_perf.opspec.OPS[op].features.
+        features: the op's generic per-rank shape, see neox_perf.prediction.opspec.OPS[op].features.
         """
         spec = opspec.op_spec(op)
         try:

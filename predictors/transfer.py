@@ -42,10 +42,10 @@ from typing import Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from neox_perf import opspec
+from neox_perf.prediction import opspec
 from neox_perf.profile.facts import ClusterFacts, Link
 from neox_perf.profile.models import ModelEntry
-from neox_perf.collective_sources import LINK_MODEL, SAMPLED
+from neox_perf.prediction.collective_sources import LINK_MODEL, SAMPLED
 from neox_perf.profile.values import Prediction, ProfileInfo
 
 from . import achievable, baseline, gpus, line_rate

@@ -8,7 +8,7 @@ import pytest
 from neox_perf import exitcodes
 from neox_perf.cli import main
 from neox_perf.errors import NeoxPerfError, ProfileError, UsageError
-from neox_perf.predict import load_cluster
+from neox_perf.prediction.predict import load_cluster
 from neox_perf.runs import FromRunError, RunError
 from neox_perf.runs.report import ReportError
 

@@ -3,9 +3,9 @@ from dataclasses import dataclass
 import pytest
 
 from neox_perf.config import WorldRequest, build, load_files
-from neox_perf.estimate import estimate
-from neox_perf.operators import StageShape, decompose
-from neox_perf.opspec import collective_wire_bytes
+from neox_perf.prediction.estimate import estimate
+from neox_perf.prediction.operators import StageShape, decompose
+from neox_perf.prediction.opspec import collective_wire_bytes
 from neox_perf.profile.manifest import Manifest
 from neox_perf.profile.sections import Calibration
 from neox_perf.profile.values import Coverage
@@ -54,7 +54,7 @@ class RooflineProfile:
         return Coverage("in range", 1.0, "")
 
     def predict(self, op, phase, features):
-        from neox_perf.opspec import op_bytes, op_flops
+        from neox_perf.prediction.opspec import op_bytes, op_flops
         t = max(op_flops(op, phase, features) / self.flops, op_bytes(op, phase, features) / 1e12)
         return Pred(t, op == self.flag_op, "d above the sampled range" if op == self.flag_op else "")
 
@@ -111,8 +111,8 @@ def test_the_fp32_note_names_fp16_samples_only_when_they_are(write_yaml):
     price neither (16-bit samples, a device the GPU table does not know) refuses in one line."""
     from neox_perf.derive import derive
     from neox_perf.errors import NeoxPerfError
-    from neox_perf.operators import FP32_FROM_FP16
-    from neox_perf.predict import predict
+    from neox_perf.prediction.operators import FP32_FROM_FP16
+    from neox_perf.prediction.predict import predict
     path = write_yaml("c.yml", BASE.replace("fp16: {enabled: true}", "fp16: {enabled: false}"))
     cfg, _, _ = build(load_files([path]), WorldRequest(gpus=1, gpus_per_node=1))
     derived = derive(cfg, 50257)
@@ -136,7 +136,7 @@ def test_the_fp32_note_names_fp16_samples_only_when_they_are(write_yaml):
 
 def _limited(write_yaml, precision_yaml, facts, flops=1e14):
     from neox_perf.derive import derive
-    from neox_perf.predict import predict
+    from neox_perf.prediction.predict import predict
     cfg, _, _ = build(load_files([write_yaml("c.yml", BASE.replace("fp16: {enabled: true}", precision_yaml))]),
                       WorldRequest(gpus=1, gpus_per_node=1))
     prof = RooflineProfile(flops=flops)
@@ -167,7 +167,7 @@ def test_fp32_is_priced_at_the_gpus_fp32_rate(write_yaml):
     """The same fp16 samples priced for an fp32 run on an A100 80GB PCIe by the additive
     roofline of its achievable rates (252.9 -> 18.88 TFLOP/s) and doubled bytes: this small
     GEMM (intensity ~230 FLOP/B) ~9x slower, a norm twice (its bytes only)."""
-    from neox_perf.opspec import op_bytes, op_flops
+    from neox_perf.prediction.opspec import op_bytes, op_flops
     fp16 = _limited(write_yaml, "fp16: {enabled: true}", _Facts("NVIDIA A100 80GB PCIe"))
     fp32 = _limited(write_yaml, "fp16: {enabled: false}", _Facts("NVIDIA A100 80GB PCIe"))
     gemm = fp32.estimate.operators["linear3 fwd"] / fp16.estimate.operators["linear3 fwd"]
@@ -189,7 +189,7 @@ def test_partition_gathers_are_spent_by_the_receiving_stage(write_yaml):
     them, and taking them out of the decomposition takes exactly that time off."""
     from dataclasses import replace
 
-    from neox_perf.operators import CommCall
+    from neox_perf.prediction.operators import CommCall
     cfg, _, _ = build(load_files([write_yaml("c.yml", BASE + "pipe_parallel_size: 2\nmodel_parallel_size: 2\n"
                                             "gradient_accumulation_steps: 4\n")]),
                       WorldRequest(gpus=4, gpus_per_node=4))
@@ -239,8 +239,8 @@ def test_a_flags_reasons_stay_when_another_shape_of_the_call_is_capped_again():
     """Two shapes of one op/phase capped for the same reason, an extrapolation between them:
     the flag keeps both reasons (the second cap used to replace the text with its own)."""
     import types
-    from neox_perf.estimate import _Cache
-    from neox_perf.operators import OpCall
+    from neox_perf.prediction.estimate import _Cache
+    from neox_perf.prediction.operators import OpCall
     terms = types.SimpleNamespace(operator=lambda op, s: s)
     limits = types.SimpleNamespace(rescaled=lambda call, s: s, capped=lambda call, s: (s, "capped at 271 TFLOP/s"))
     cache = _Cache(profile=None, terms=terms, limits=limits)

@@ -5,11 +5,11 @@ from pathlib import Path
 
 import pytest
 
-from neox_perf.predict import load_cluster, predict
+from neox_perf.prediction.predict import load_cluster, predict
 from neox_perf.predictors.fitting import devset
-from neox_perf.collective_sources import LINK_MODEL
+from neox_perf.prediction.collective_sources import LINK_MODEL
 from neox_perf.errors import ProfileError
-from neox_perf.step_terms import (ACROSS_NODES, INSIDE_NODE, ONE_NIC_PER_GPU, REGIMES, Interval, Intervals,
+from neox_perf.prediction.step_terms import (ACROSS_NODES, INSIDE_NODE, ONE_NIC_PER_GPU, REGIMES, Interval, Intervals,
                                   StepTerms, StepTermsSection, of_profile)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,7 +41,7 @@ def test_a_larger_micro_batch_much_slower_than_a_smaller_one_is_set_apart():
 def test_the_fabric_term_is_flagged_past_the_groups_it_was_fitted_on():
     """A data-parallel group over more nodes than any of the multi-node runs: the term
     extrapolates, the prediction says so and its interval widens for it."""
-    from neox_perf.step_terms import FABRIC_NODES_FITTED
+    from neox_perf.prediction.step_terms import FABRIC_NODES_FITTED
     profile = load_cluster(str(VTRAIN))
     inside = predict(*devset.build_config(_run(gpus=64, dp=64, layers=4), 8), profile).estimate
     wide = predict(*devset.build_config(_run(gpus=128, dp=128, global_batch=1024, layers=4), 8), profile).estimate
@@ -59,8 +59,8 @@ def test_the_multi_node_set_reads_with_its_models():
     assert {r.model for r in runs} == {"3.6", "175"} and len(runs) == 47
     assert all(r.tp * r.dp * r.pp == r.gpus for r in runs)
     # the fabric term's fitted range is the widest data-parallel group among them
-    from neox_perf.step_terms import FABRIC_NODES_FITTED
-    from neox_perf.operators import group_placement
+    from neox_perf.prediction.step_terms import FABRIC_NODES_FITTED
+    from neox_perf.prediction.operators import group_placement
     assert max(group_placement(r.dp, r.tp, 8)[0] for r in runs) == FABRIC_NODES_FITTED
     flagged = [r for r, bad in zip(runs, devset.inconsistent(runs)) if bad]
     assert [(r.model, r.layout, r.micro_batch) for r in flagged] == [("3.6", (8, 8, 1), 64)]
@@ -86,7 +86,7 @@ def test_a_job_across_nodes_pays_the_term_one_inside_a_node_does_not(tmp_path):
     base, _ = of_profile(profile)
     for (cfg, derived), grows in ((inside, False), (across, True)):
         plain = predict(cfg, derived, profile).estimate
-        from neox_perf.estimate import estimate
+        from neox_perf.prediction.estimate import estimate
         scaled = estimate(predict(cfg, derived, profile).decomposition, profile,
                           dataclasses.replace(base, dp_fabric_per_doubling=base.dp_fabric_per_doubling + 1))
         assert (scaled.iteration_seconds > plain.iteration_seconds * 1.001) == grows
@@ -146,7 +146,7 @@ def test_bundled_terms_meet_the_multi_node_bar():
 
 
 def test_pipeline_sends_cross_nodes_only_on_the_boundaries_that_do():
-    from neox_perf.operators import p2p_placement
+    from neox_perf.prediction.operators import p2p_placement
     # stages of 4 ranks on 8-GPU nodes: stages 0,1 share node 0, 2,3 node 1
     assert [p2p_placement(b, 4, 8) for b in range(3)] == [(1, 2), (2, 1), (1, 2)]
     # a stage of a node or more: every boundary crosses

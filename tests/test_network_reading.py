@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from neox_perf.cli import main
-from neox_perf.network import PROBE_ELEMENTS, reading
-from neox_perf.predict import load_cluster
+from neox_perf.prediction.network import PROBE_ELEMENTS, reading
+from neox_perf.prediction.predict import load_cluster
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "neox_perf" / "examples"
 

@@ -27,8 +27,8 @@ from neox_perf.config import WorldRequest, build, load_files
 from neox_perf.config.loader import RawConfig
 from neox_perf.derive import derive
 from neox_perf.errors import NeoxPerfError
-from neox_perf.opspec import causal_work_fraction
-from neox_perf.predict import predict
+from neox_perf.prediction.opspec import causal_work_fraction
+from neox_perf.prediction.predict import predict
 from neox_perf.predictors import achievable, cluster_file, gpus, transfer
 from neox_perf.predictors.profile import load_profile
 

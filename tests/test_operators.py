@@ -1,7 +1,7 @@
 import pytest
 
 from neox_perf.config import WorldRequest, build, load_files
-from neox_perf.operators import CommCall, OpCall, StageShape, decompose, group_placement, mlp_widths
+from neox_perf.prediction.operators import CommCall, OpCall, StageShape, decompose, group_placement, mlp_widths
 
 BASE = """
 num_layers: 8

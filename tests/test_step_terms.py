@@ -4,11 +4,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-from neox_perf.estimate import estimate
-from neox_perf.predict import load_cluster, predict
+from neox_perf.prediction.estimate import estimate
+from neox_perf.prediction.predict import load_cluster, predict
 from neox_perf.predictors.fitting import devset, step_fit
 from neox_perf.profile.manifest import Manifest
-from neox_perf.step_terms import FITTED, REGIMES, Interval, StepTerms, StepTermsSection, of_profile
+from neox_perf.prediction.step_terms import FITTED, REGIMES, Interval, StepTerms, StepTermsSection, of_profile
 
 
 def _run(**kw):
@@ -64,8 +64,8 @@ def test_a_layer_phase_is_a_host_queue(profile, cases):
     """Within a layer phase the host runs ahead: the phase takes the longer of its kernels and
     its issue time, not the sum of per-call floors; its collectives add; the breakdown names
     the host's share so the operators still add up to the stage."""
-    from neox_perf.estimate import _Cache
-    from neox_perf.operators import OpCall
+    from neox_perf.prediction.estimate import _Cache
+    from neox_perf.prediction.operators import OpCall
     c = next(c for c in cases if c.key == (2, 1, 2))
     work = c.decomposition.stages[0]
     terms = StepTerms(dispatch_s=2e-4)
@@ -209,7 +209,7 @@ def test_devset_rows_read_as_neox_configs(profile):
     assert est.iteration_seconds > 0 and est.interval_seconds is not None
     # Megatron-DeepSpeed's GPTModelPipe splits the transformer layers evenly: its transposes
     # are lambdas, which 'type:transformer' does not count, unlike NeoX's block functions
-    from neox_perf.operators import stage_shapes
+    from neox_perf.prediction.operators import stage_shapes
     _, derived = devset.build_config(_run(gpus=4, tp=1, dp=1, pp=4, layers=12, global_batch=8),
                                      profile.facts.gpus_per_node)
     assert [s.transformer_layers for s in stage_shapes(derived)] == [3, 3, 3, 3]

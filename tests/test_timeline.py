@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from neox_perf.timeline import (
+from neox_perf.prediction.timeline import (
     Event,
     StageCost,
     Timeline,
@@ -327,7 +327,7 @@ def test_a_timeline_without_events_is_the_same_timeline(rendezvous):
     """events=False (the planner's) leaves the events out and nothing else: every field equal,
     whether its stream is simulated afresh or comes from one simulated with events, and a
     stream simulated without events is never handed to a caller that wants them."""
-    from neox_perf import timeline as T
+    from neox_perf.prediction import timeline as T
     rng = random.Random(7)
     for _ in range(30):
         p, m = rng.randint(1, 9), rng.randint(1, 40)

@@ -6,7 +6,7 @@ import pytest
 pytest.importorskip("deepspeed")  # slow import (~2-5 s): once per module
 
 from deepspeed.runtime.pipe import schedule  # noqa: E402
-from neox_perf.timeline import StageCost, simulate_1f1b, stage_instructions  # noqa: E402
+from neox_perf.prediction.timeline import StageCost, simulate_1f1b, stage_instructions  # noqa: E402
 
 _NAMES = {
     schedule.ForwardPass: "forward",

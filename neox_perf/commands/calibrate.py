@@ -377,8 +377,8 @@ def config_targets(configs, gpus: int):
     from ..calibration.plan import decomposition_targets
     from ..config import WorldRequest, build, load_files, raw_vocab
     from ..derive import derive
-    from ..operators import decompose
-    from ..predict import stage_shapes
+    from ..prediction.operators import decompose
+    from ..prediction.predict import stage_shapes
 
     points: list = []
     sizes: Dict[str, set] = {}

@@ -6,7 +6,7 @@ import os
 from ..config import WorldRequest, build, load_files, raw_vocab
 from ..config.loader import apply_sets
 from ..errors import UsageError
-from ..network import reading as network_reading
+from ..prediction.network import reading as network_reading
 from ..result import CheckResult
 
 
@@ -15,7 +15,7 @@ def run_check(args) -> CheckResult:
     from ..derive import derive
     from ..derive.fit import memory_fit
 
-    from ..predict import load_cluster
+    from ..prediction.predict import load_cluster
     profile = load_cluster(args.cluster)
     facts = profile.facts if profile is not None else None
     raw = apply_sets(load_files(args.configs, conf_dir=args.conf_dir), getattr(args, "sets", None))
@@ -63,7 +63,7 @@ def run_check(args) -> CheckResult:
         result.suggestion, result.no_layout = advice.fitting_layout(
             raw, cfg, profile, vocab.size, gpn, params=derived.params.unique)
     elif profile is not None and not refused:
-        from ..predict import predict
+        from ..prediction.predict import predict
         prediction = predict(cfg, derived, profile)
         result.decomposition = prediction.decomposition
         result.fp32_matmuls = prediction.fp32_matmuls

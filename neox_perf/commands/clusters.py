@@ -26,7 +26,7 @@ def run_clusters(args) -> ClustersResult:
     if getattr(args, "gpus", False):
         from ..predictors.gpus import GPUS
         return ClustersResult(gpus=[g.to_dict() for g in GPUS])
-    from ..network import reading as network_reading
+    from ..prediction.network import reading as network_reading
     from ..predictors.profile import list_profiles, load_profile
     rows = []
     for info in list_profiles():

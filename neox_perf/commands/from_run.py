@@ -54,7 +54,7 @@ def _check_run_dir(run_dir: str) -> str:
 
 
 def _load(cluster: str):
-    from ..predict import load_cluster
+    from ..prediction.predict import load_cluster
     try:
         return load_cluster(cluster)
     except UsageError as exc:

@@ -160,7 +160,7 @@ def _baseline(b) -> Optional[dict]:
 def run_plan(args) -> PlanResult:
     from ..config import load_files, raw_vocab
     from ..plan import Planner
-    from ..predict import load_cluster
+    from ..prediction.predict import load_cluster
     from ..profile.disturbance import profile_warnings
     profile = load_cluster(args.cluster)
     if args.gpus_per_node is not None and args.gpus_per_node < 1:

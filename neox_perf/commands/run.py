@@ -53,7 +53,7 @@ def default_run_dir(now: float = None) -> str:
 def _check_cluster(cluster):
     if not cluster:
         return
-    from ..predict import load_cluster
+    from ..prediction.predict import load_cluster
     try:
         load_cluster(cluster)
     except UsageError as exc:

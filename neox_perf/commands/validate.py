@@ -150,7 +150,7 @@ def run_precision(cfg, device_type: str) -> str:
 
 def predict(configs: Sequence[str], gpus: int, profile, vocab_size: Optional[int],
             device_type: str) -> Predicted:
-    from .. import predict as pipeline
+    from ..prediction import predict as pipeline
     from ..config import WorldRequest, build, load_files, raw_vocab
     from ..derive import derive
 
@@ -201,7 +201,7 @@ def predicted_stage_components(est, decomp=None, profile=None) -> List[Dict[str,
     for ev in est.timeline.events:
         stages[ev.stage][_PREDICTED_KIND[ev.kind]] += ev.end - ev.start
     if decomp is not None and profile is not None:
-        from ..engine_terms import EngineTerms
+        from ..prediction.engine_terms import EngineTerms
         engine = EngineTerms.of(profile, decomp)
         for comp, work in zip(stages, decomp.stages):
             tp_f, tp_b = (decomp.micro_batches * t for t in _tp_seconds(work, profile, engine))
@@ -370,7 +370,7 @@ def run_validate(args, progress: Optional[Progress] = None) -> ValidateResult:
     reference workload; `--neox` (GPT-NeoX's own train.py) is validate_neox's, which the
     command line calls instead."""
     check_inputs(args)
-    from ..predict import load_cluster
+    from ..prediction.predict import load_cluster
     profile = load_cluster(args.cluster)
     iters = int(getattr(args, "iters", None) or 10)
     from ..profile.disturbance import profile_warnings

@@ -190,7 +190,7 @@ def _last_error(log: str) -> str:
 
 
 def run_validate_neox(args, progress: Optional[Progress] = None) -> ValidateResult:
-    from ..predict import load_cluster
+    from ..prediction.predict import load_cluster
     from ..testing.neox_cpu import NeoxUnavailable, neox_src
     try:
         src = neox_src(args.neox)

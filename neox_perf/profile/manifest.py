@@ -20,9 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from ..engine_terms import EngineSection
+from ..prediction.engine_terms import EngineSection
 from ..errors import ProfileError, reading, text
-from ..step_terms import StepTermsSection
+from ..prediction.step_terms import StepTermsSection
 from .disturbance import Disturbance
 from .facts import ClusterFacts
 from .models import ModelEntry, parse_collectives, parse_operators

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from ..errors import ProfileError, reading, text
-from ..step_terms import Interval
+from ..prediction.step_terms import Interval
 
 RETRAIN = ("retrain it with `python -m neox_perf.predictors.fitting.train` (a bundled profile) or "
            "`neox-perf calibrate` (your own)")
@@ -61,7 +61,7 @@ class Provenance:
     source: Optional[str] = None
     license: Optional[str] = None
     # when its samples were measured (a date, or the publication they came with): a profile is
-    # as current as the network and software its samples ran on (neox_perf/network.py)
+    # as current as the network and software its samples ran on (neox_perf/prediction/network.py)
     measured: Optional[str] = None
     store: Optional[str] = None  # the calibration store a calibrated profile was fitted from
     device_id: Optional[int] = None  # the store's device it was fitted on

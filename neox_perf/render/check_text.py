@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..config.verdicts import LEVELS
-from ..network import DESCRIBE_YOUR_NODES
+from ..prediction.network import DESCRIBE_YOUR_NODES
 from .check_line import _cluster_arg, _has_sets
 from .op_names import PHASES, neox_name, split
 

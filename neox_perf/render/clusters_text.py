@@ -4,7 +4,7 @@ from __future__ import annotations
 from rich import box
 from rich.table import Table
 
-from ..network import DESCRIBE_YOUR_NODES
+from ..prediction.network import DESCRIBE_YOUR_NODES
 
 
 def _link(link) -> str:

@@ -4,7 +4,7 @@ The hook (neox_perf.hooks) writes a run dir from inside the training ranks; this
 reads it back afterwards:
 
 files        the run dir's layout (written by the hook, read here)
-prediction   the recorded config predicted with neox_perf.predict
+prediction   the recorded config predicted with neox_perf.prediction.predict
 report       predicted vs measured (`neox-perf report`)
 recalibrate  how far off a profile is on a run; the level correction (`calibrate --from-run`)
 merge        a run's samples merged into a calibration store (the refit)

@@ -91,7 +91,7 @@ class EngineRows:
         return self.accumulate.at(params, tensors) * (m - 1) / m
 
     def __call__(self, profile) -> Dict[str, list]:
-        from neox_perf.operators import OpCall, decompose
+        from neox_perf.prediction.operators import OpCall, decompose
         out: Dict[str, list] = {t: [] for t in self.TERMS}
         self.notes = []
 

@@ -24,7 +24,7 @@ def build(log_path: str, configs: List[str], *, cluster: Optional[str], gpus: Op
     from ..config.loader import apply_sets
     from ..derive import derive
     from ..neox_log import read_log, units
-    from ..predict import load_cluster, predict
+    from ..prediction.predict import load_cluster, predict
     try:
         with open(log_path, encoding="utf-8", errors="replace") as fh:
             log = read_log(fh.read())

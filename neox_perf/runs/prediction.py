@@ -1,8 +1,8 @@
-"""What the project's predictor says about a hooked job: recorded config -> neox_perf.predict.
+"""What the project's predictor says about a hooked job: recorded config -> neox_perf.prediction.predict.
 
 Rebuilds a NeoxConfig from the values the hook recorded (hooks/neox_args.discover), with the
 world size the job really has and the precision the engine really runs, derives the model,
-and predicts it with the one pipeline (neox_perf.predict) at the layer counts the engine
+and predicts it with the one pipeline (neox_perf.prediction.predict) at the layer counts the engine
 really partitioned. Pure functions of recorded data, so `neox-perf report` recomputes them
 offline with any profile; rank 0 calls them once at start. No torch.
 """
@@ -69,7 +69,7 @@ def engine_layer_counts(derived, facts) -> Optional[List[int]]:
 
 
 def stage_shapes(derived, facts) -> list:
-    from neox_perf.predict import stage_shapes as shapes
+    from neox_perf.prediction.predict import stage_shapes as shapes
     return shapes(derived, engine_layer_counts(derived, facts))
 
 
@@ -79,7 +79,7 @@ def load(cluster: Optional[str]):
         return None, ("no cluster profile (neox-perf run --cluster NAME, or NEOX_PERF_CLUSTER): "
                       "prediction skipped")
     from neox_perf.errors import NeoxPerfError
-    from neox_perf.predict import load_cluster
+    from neox_perf.prediction.predict import load_cluster
     try:
         return load_cluster(cluster), ""
     except Exception as exc:  # noqa: BLE001 - the run goes on; its prediction is what is lost
@@ -102,7 +102,7 @@ def predict(record, facts, profile) -> Dict[str, Any]:
         if record and record.get("why"):
             out["notes"].append(f"no NeoX config: {record['why']}")
         return out
-    from neox_perf.predict import predict as pipeline
+    from neox_perf.prediction.predict import predict as pipeline
     try:
         p = pipeline(cfg, derived, profile, transformer_layers=engine_layer_counts(derived, facts),
                      tf32=facts.get("tf32"), tf32_source=tf32_source(facts))
@@ -166,7 +166,7 @@ def decomposition(record, facts, profile):
     cfg, derived, _ = rebuild(record, facts, profile.facts.gpus_per_node)
     if cfg is None:
         return None
-    from neox_perf.predict import predict as pipeline
+    from neox_perf.prediction.predict import predict as pipeline
     return pipeline(cfg, derived, profile,
                     transformer_layers=engine_layer_counts(derived, facts)).decomposition
 
@@ -174,7 +174,7 @@ def decomposition(record, facts, profile):
 def predict_call(profile, op: str, phase: str, features: Dict[str, float],
                  dtype: str) -> Tuple[Optional[float], str]:
     """Seconds the profile gives one measured call, or (None, why not)."""
-    from neox_perf import opspec
+    from neox_perf.prediction import opspec
     try:
         if op in opspec.COLLECTIVES:
             # A profile counts elements of the dtype its collectives were measured in; another

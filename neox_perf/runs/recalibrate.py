@@ -26,7 +26,7 @@ from ..profile.directory import replacing, write
 from ..profile.manifest import Manifest
 from ..profile.protocol import Profile
 from ..profile.sections import Provenance
-from ..step_terms import StepTerms, StepTermsSection
+from ..prediction.step_terms import StepTerms, StepTermsSection
 from . import FromRunError, prediction
 from . import files as runfiles
 from .files import clean
@@ -81,7 +81,7 @@ def run_errors(run_dir: str, profile) -> Dict[str, Any]:
 def recalibrate_from_run(run_dir: str, profile, out_dir: str, name: Optional[str] = None) -> Dict[str, Any]:
     """Write a corrected copy of `profile` (a name, a directory or a loaded Profile) to
     `out_dir`, named `name` (default: the directory's name); out_dir is replaced in one step."""
-    from neox_perf import opspec
+    from neox_perf.prediction import opspec
     from neox_perf.predictors.profile import load_profile
     prof: Profile = load_profile(profile) if isinstance(profile, (str, os.PathLike)) else profile
     # A cluster description predicts through the sampled profile it is based on: the models

@@ -338,7 +338,7 @@ def build(run_dir: str, cluster: Optional[str] = None, profile=None, top: int = 
         notes.append(n)
     if facts.get("missing"):
         notes.append("could not read from the engine: " + ", ".join(facts["missing"]))
-    from ..predict import calibration
+    from ..prediction.predict import calibration
     calibrated_on = calibration(profile).device if profile is not None else None
     if profile is not None and facts.get("device_type") == "cpu" and calibrated_on != "cpu":
         notes.append(f"this run ran on CPU; profile {profile.name} models "

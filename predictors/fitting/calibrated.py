@@ -160,7 +160,7 @@ def fit_store(store_path, name: str, out_dir, *, device: Optional[int] = None,
 def _disturbance(store_path: Path, name: str, device: int, dtype: Optional[str], runs):
     """The profile's `disturbance` section from the store: the calibration runs' records and
     the operator samples still flagged as timed while the machine was disturbed."""
-    from neox_perf import opspec
+    from neox_perf.prediction import opspec
     from neox_perf.calibration.store import SampleStore
     from neox_perf.profile.disturbance import from_calibration
     with SampleStore(store_path) as store:
@@ -193,7 +193,7 @@ def add_efficiency_curves(operators: Dict[str, Dict[str, dict]], sets) -> None:
 
 def _measured(runs) -> Optional[str]:
     """The span of dates (UTC) the store's calibration runs were timed on, for the profile's
-    provenance (neox_perf/network.py shows it beside the network it measured)."""
+    provenance (neox_perf/prediction/network.py shows it beside the network it measured)."""
     import datetime
     stamps = sorted(float(t) for r in runs for t in (r.get("started"), r.get("finished")) if t)
     if not stamps:

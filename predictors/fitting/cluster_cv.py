@@ -12,7 +12,7 @@ from typing import Dict, Hashable, List, Sequence, Tuple
 
 import numpy as np
 
-from neox_perf.step_terms import FITTED, Interval, StepTerms
+from neox_perf.prediction.step_terms import FITTED, Interval, StepTerms
 
 from . import step_fit
 

@@ -1,8 +1,8 @@
 """The engine terms of a calibrated profile: what a real DeepSpeed step costs beyond the
 operator predictions, fitted on the engine calibration's measurements (calibration/engine.py,
 calibration/tp_allreduce.py) and, for `calibrate --from-run`, a training run's stage times
-(neox_perf/runs/engine_rows.py). The section they make is typed in neox_perf/engine_terms.py
-and applied by neox_perf/estimate.py.
+(neox_perf/runs/engine_rows.py). The section they make is typed in neox_perf/prediction/engine_terms.py
+and applied by neox_perf/prediction/estimate.py.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from neox_perf.engine_terms import EngineSection
+from neox_perf.prediction.engine_terms import EngineSection
 from neox_perf.profile.directory import update as update_profile
 
 from .calibrated import FitRow
@@ -25,7 +25,7 @@ def _engine_prediction(profile, keys: dict, vocab: int, precision: str) -> dict:
 
     from neox_perf.config import WorldRequest, build, load_files
     from neox_perf.derive import derive
-    from neox_perf.operators import OpCall, StageShape, decompose
+    from neox_perf.prediction.operators import OpCall, StageShape, decompose
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "engine.yml"

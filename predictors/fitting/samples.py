@@ -6,7 +6,7 @@ file would silently bias a regressor. Individual bad *values* (non-finite or non
 durations, impossible shapes) are dropped and reported per file instead.
 
 Sample rows are converted here from the benchmark's (mp, b, l, h, dim) to the generic
-per-rank shapes of neox_perf.opspec, so the regressors never see a paper-specific multiple.
+per-rank shapes of neox_perf.prediction.opspec, so the regressors never see a paper-specific multiple.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from neox_perf import opspec
+from neox_perf.prediction import opspec
 from neox_perf.profile.directory import sha256_of
 
 from ..errors import SampleFileError

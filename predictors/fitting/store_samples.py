@@ -17,7 +17,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from neox_perf import opspec
+from neox_perf.prediction import opspec
 from neox_perf.profile.facts import ClusterFacts, Link
 
 from .samples import COLLECTIVE_PHASE, TrainingSet

@@ -18,7 +18,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from neox_perf import opspec
+from neox_perf.prediction import opspec
 from neox_perf.profile import directory as profile_dir
 from neox_perf.profile.manifest import SCHEMA, SCHEMA_VERSION, Manifest
 from neox_perf.profile.sections import ArraysRef

@@ -5,7 +5,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from neox_perf import opspec  # noqa: E402
+from neox_perf.prediction import opspec  # noqa: E402
 from neox_perf.calibration import bench  # noqa: E402
 from neox_perf.calibration.bench import Protocol, Timer, aggregate, measure  # noqa: E402
 

@@ -16,8 +16,8 @@ PP2 = VALIDATION / "pp2-untied-layernorm.yml"   # two pipeline stages
 def _decomp(config, gpus):
     from neox_perf.config import WorldRequest, build, load_files
     from neox_perf.derive import derive
-    from neox_perf.operators import decompose
-    from neox_perf.predict import stage_shapes
+    from neox_perf.prediction.operators import decompose
+    from neox_perf.prediction.predict import stage_shapes
     cfg, _, _ = build(load_files([str(config)]), WorldRequest(gpus=gpus))
     derived = derive(cfg, 50257, None)
     return decompose(cfg, derived.padded_vocab, stage_shapes(derived))

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from neox_perf import opspec
+from neox_perf.prediction import opspec
 from neox_perf.calibration.plan import (PlanError, bundled_plans, expand_model, expand_range,
                                         load_plan, parse_plan)
 

@@ -214,7 +214,7 @@ def test_interval_is_shown_when_the_profile_has_one(write_yaml, cluster):
     from neox_perf.commands.plan import PlanResult, candidate_dict
     from neox_perf.config import load_files
     from neox_perf.plan import Planner
-    from neox_perf.predict import load_cluster
+    from neox_perf.prediction.predict import load_cluster
     from neox_perf.render import plan_text
     profile = load_cluster(cluster)
     plan = Planner(load_files([write_yaml("small.yml", SMALL)]), profile, 50257, keep=3).run([8])

@@ -7,7 +7,7 @@ import pytest
 from neox_perf.config import WorldRequest, build, load_files
 from neox_perf.derive import derive
 from neox_perf.plan import Candidate, Layout, Planner, divisors, layout_of, rank
-from neox_perf.predict import predict
+from neox_perf.prediction.predict import predict
 
 SMALL = ("num_layers: 12\nhidden_size: 1024\nnum_attention_heads: 16\nseq_length: 1024\n"
          "max_position_embeddings: 1024\ntrain_micro_batch_size_per_gpu: 4\n"
@@ -50,8 +50,8 @@ def test_update_seconds_equal_the_full_prediction(write_yaml):
     timed alone (predict.update_seconds), == the full prediction's stages, on every layout of a
     plan (ZeRO 0/1/2, pipelines or not), with and without engine terms."""
     from dataclasses import replace as dc_replace
-    from neox_perf.engine_terms import EngineSection
-    from neox_perf.predict import update_seconds
+    from neox_perf.prediction.engine_terms import EngineSection
+    from neox_perf.prediction.predict import update_seconds
     pl, profile = planner(write_yaml("small.yml", SMALL), keep=0)
     plan = pl.run([8])
 
@@ -222,7 +222,7 @@ def _merged(raw, overrides):
 
 def test_timeline_stream_memo_is_bit_identical():
     """Layouts that differ only after the last backward reuse one simulated stream."""
-    from neox_perf import timeline as T
+    from neox_perf.prediction import timeline as T
     base = [T.StageCost(0.01 + 0.001 * s, 0.02, 0.001, 0.0015, 0.3,
                         tied_allreduce=0.01 if s in (0, 3) else 0.0, optimizer=0.01,
                         param_allgather=0.02) for s in range(4)]

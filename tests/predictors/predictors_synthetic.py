@@ -11,7 +11,7 @@ from typing import Dict, List
 
 import numpy as np
 
-from neox_perf import opspec
+from neox_perf.prediction import opspec
 from neox_perf.predictors.fitting.samples import SOURCE_OPS
 
 GPU = "FAKEGPU-80GB"

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from neox_perf import opspec
-from neox_perf.operators import OpCall
+from neox_perf.prediction import opspec
+from neox_perf.prediction.operators import OpCall
 from neox_perf.predictors import achievable, gpus
 from neox_perf.predictors.fitting import cleaning
 from neox_perf.predictors.errors import ProfileError

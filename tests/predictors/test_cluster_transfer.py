@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from neox_perf import opspec
+from neox_perf.prediction import opspec
 from neox_perf.predictors import load_profile
 from neox_perf.predictors import transfer
 from neox_perf.predictors.transfer import _hops
@@ -69,7 +69,7 @@ def test_a_description_equal_to_its_base_predicts_what_the_base_predicts(tmp_pat
 def test_an_identical_description_gives_the_same_iteration(tmp_path):
     from neox_perf.config import WorldRequest, build, load_files
     from neox_perf.derive import derive
-    from neox_perf.predict import predict
+    from neox_perf.prediction.predict import predict
     cfg_path = tmp_path / "m.yml"
     cfg_path.write_text("num_layers: 4\nhidden_size: 2048\nnum_attention_heads: 16\nseq_length: 2048\n"
                         "max_position_embeddings: 2048\ntrain_micro_batch_size_per_gpu: 4\n"

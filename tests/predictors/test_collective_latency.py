@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from neox_perf import opspec
+from neox_perf.prediction import opspec
 from neox_perf.predictors import baseline, load_profile
 
 REPO = Path(__file__).resolve().parents[2]

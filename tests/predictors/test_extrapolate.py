@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from neox_perf import opspec
+from neox_perf.prediction import opspec
 from neox_perf.predictors import extrapolate
 from neox_perf.predictors.profile import load_profile
 

@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from neox_perf import opspec
+from neox_perf.prediction import opspec
 
 
 def test_every_op_has_costs_for_its_phases():

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from neox_perf import opspec
+from neox_perf.prediction import opspec
 from neox_perf.predictors import (ClusterProfile, Prediction, ProfileError, list_profiles, load_profile)
 
 NAMES = ("perlmutter-a100-80gb", "vista-gh200")
@@ -313,7 +313,7 @@ def test_unsampled_attention_dropout_stands_in_for_softmax_by_bytes(profile):
 
 
 def test_transferred_profile_scales_the_stand_in_as_its_own_operator():
-    from neox_perf.predict import load_cluster
+    from neox_perf.prediction.predict import load_cluster
     forty = load_cluster("perlmutter-a100")  # 40 GB nodes, memory-bound operators transferred
     f = {"batch": 16, "l": 1024}
     for phase in ("fwd", "bwd"):

@@ -9,7 +9,7 @@ from neox_perf.config import WorldRequest, build, load_files
 from neox_perf.config.loader import RawConfig
 from neox_perf.derive import derive
 
-from neox_perf.predict import predict
+from neox_perf.prediction.predict import predict
 from neox_perf.predictors import achievable
 from neox_perf.predictors.profile import load_profile
 

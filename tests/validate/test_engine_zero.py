@@ -4,8 +4,8 @@ import pytest
 
 from neox_perf.config import WorldRequest, build, load_files
 from neox_perf.derive import derive
-from neox_perf.estimate import estimate
-from neox_perf.operators import MEMORY_OPT_ALLREDUCE_SIZE, StageShape, decompose
+from neox_perf.prediction.estimate import estimate
+from neox_perf.prediction.operators import MEMORY_OPT_ALLREDUCE_SIZE, StageShape, decompose
 from neox_perf.predictors import load_profile
 from neox_perf.predictors.fitting.engine_fit import _fit_zero
 

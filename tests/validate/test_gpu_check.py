@@ -37,7 +37,7 @@ def test_without_a_gpu_the_real_check_refuses_in_one_line(gpu_check, tmp_path, c
 
 def test_the_default_configs_are_one_gpu_neox_configs_the_workload_runs():
     from neox_perf.commands.validate import predict
-    from neox_perf.predict import load_cluster
+    from neox_perf.prediction.predict import load_cluster
     import importlib.util
     spec = importlib.util.spec_from_file_location("gc", REPO / "benchmarks" / "gpu_check.py")
     mod = importlib.util.module_from_spec(spec)
@@ -55,7 +55,7 @@ def test_the_default_configs_are_one_gpu_neox_configs_the_workload_runs():
 
 
 def test_the_transfer_description_names_the_detected_gpu(gpu_check, tmp_path):
-    from neox_perf.predict import load_cluster
+    from neox_perf.prediction.predict import load_cluster
     from neox_perf.predictors import gpus
     h100 = gpu_check.gpu_row({"gpu": "NVIDIA H100 80GB HBM3"}, dry_run=False)
     assert h100.name == "H100-SXM5-80GB"

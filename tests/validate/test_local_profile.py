@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("sklearn")
 
-from neox_perf import opspec  # noqa: E402
+from neox_perf.prediction import opspec  # noqa: E402
 from neox_perf.calibration.store import SampleStore  # noqa: E402
 from neox_perf.predictors import load_profile  # noqa: E402
 from neox_perf.predictors.fitting import fit  # noqa: E402
@@ -130,7 +130,7 @@ def test_a_line_with_a_negative_fixed_part_keeps_small_layers_at_their_lowest_me
     from neox_perf.cli import main
     from neox_perf.config import WorldRequest, build, load_files
     from neox_perf.derive import derive
-    from neox_perf.predict import predict
+    from neox_perf.prediction.predict import predict
     from neox_perf.profile.directory import bundled_dir
 
     mine = tmp_path / "mine"

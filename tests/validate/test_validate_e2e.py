@@ -61,7 +61,7 @@ def test_the_error_is_bounded_on_both_sides(validated):
     # the predicted side is the one pipeline's, at the precision the CPU run computes in
     from neox_perf.config import WorldRequest, build, load_files
     from neox_perf.derive import derive
-    from neox_perf.predict import load_cluster, predict
+    from neox_perf.prediction.predict import load_cluster, predict
     profile = load_cluster("perlmutter-a100")
     cfg, _, _ = build(load_files(r.config), WorldRequest(gpus=2),
                       cluster_gpus_per_node=profile.facts.gpus_per_node)

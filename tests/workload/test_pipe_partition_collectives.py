@@ -48,7 +48,7 @@ def run(tmp_path_factory):
 def decomp(run):
     from neox_perf import derive
     from neox_perf.config import WorldRequest, build, load_files
-    from neox_perf.operators import decompose, stage_shapes
+    from neox_perf.prediction.operators import decompose, stage_shapes
     cfg, _, _ = build(load_files([run[0]]), WorldRequest(gpus=WORLD))
     d = derive.derive(cfg, VOCAB)
     assert list(d.parts) == run[2]["layout"]["parts"]  # the stages the engine built

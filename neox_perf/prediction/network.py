@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, Optional
 
-from .errors import ProfileError
+from ..errors import ProfileError
 
 # An all-reduce of 1 GiB of fp16 gradients (a 0.5B-parameter stage's) across two nodes: large
 # enough that latency is noise, small enough to sit in every profile's sampled range.

@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from .errors import ProfileError
+from ..errors import ProfileError
 
 RESIDUALS = ("layer_forward", "layer_backward", "other_forward", "other_backward")
 LINEARS = ("optimizer_step", "grad_flatten", "grad_accumulate", "zero_reduce", "zero_step",

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Tuple
 
 from .engine_terms import EngineTerms
-from .errors import ProfileError
+from ..errors import ProfileError
 from .operators import CommCall, Decomposition, OpCall, StageWork
-from .profile.protocol import Profile
+from ..profile.protocol import Profile
 from .collective_sources import ENGINE_RUNS, LINK_MODEL
 from .step_terms import DATA_PARALLEL, FABRIC_NODES_FITTED, INSIDE_NODE, StepTerms, of_profile, regime_of
 from .timeline import StageCost, StageCostError, Timeline, simulate_1f1b
@@ -100,7 +100,7 @@ class _Cache:
         self.capped_only: set = set()  # flags whose call was capped, not extrapolated
         self.extrapolated: set = set()  # memo keys whose prediction left the sampled range
         self.coverage: Dict[str, Any] = {}  # "op phase" -> its least-covered shape
-        # per collective purpose, where its prices came from (neox_perf.collective_sources)
+        # per collective purpose, where its prices came from (neox_perf.prediction.collective_sources)
         self.sources: Dict[str, set] = {}
 
     def time(self, call) -> float:

@@ -18,7 +18,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from .errors import ProfileError, reading, text
+from ..errors import ProfileError, reading, text
 from .collective_sources import LINK_MODEL
 
 # Operators whose time is set by arithmetic throughput; the rest are memory-bound.
@@ -113,7 +113,7 @@ class StepTerms:
                    source: str = "") -> float:
         """In-situ seconds of a collective of `ranks` ranks over `nodes` nodes that the samples
         (or the link model) time at `seconds` in isolation. `source`: where that time comes from
-        (neox_perf.collective_sources; "" where the profile does not say, priced as it is).
+        (neox_perf.prediction.collective_sources; "" where the profile does not say, priced as it is).
 
         dp_fabric_per_doubling is what a link model at a reference efficiency lacks against a
         real fabric under a whole job's load (fitted where the development sets' collectives are

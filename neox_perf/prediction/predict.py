@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
-from .errors import ProfileError, UsageError
+from ..errors import ProfileError, UsageError
 from .estimate import IterationEstimate, estimate
 from .operators import FP32_FROM_FP16, Decomposition, decompose, stage_shapes
-from .profile.protocol import Profile
-from .profile.sections import Calibration
+from ..profile.protocol import Profile
+from ..profile.sections import Calibration
 
 __all__ = ["Prediction", "stage_shapes", "predict", "update_seconds", "load_cluster", "calibration"]
 
@@ -63,7 +63,7 @@ def _reach_the_other(decomp, profile, limits, est, matmuls):
     """(estimate, Fp32Matmuls) where nobody said how the fp32 run's matmuls run: the same
     iteration priced the other way (TF32 <-> IEEE fp32), its 80% interval widened on that side
     to reach it. A profile without an interval keeps none; the other price is still reported."""
-    from .predictors import achievable
+    from ..predictors import achievable
     other = achievable.other_limits(limits)
     if other is None:
         return est, matmuls
@@ -76,7 +76,7 @@ def _reach_the_other(decomp, profile, limits, est, matmuls):
 
 def _decomposed(cfg, derived, profile: Profile, precision=None, transformer_layers=None,
                 tf32: Optional[bool] = None, tf32_source: str = ""):
-    from .predictors import achievable
+    from ..predictors import achievable
     decomp = decompose(cfg, derived.padded_vocab, stage_shapes(derived, transformer_layers),
                        precision=precision)
     # one rule for every command: the run's precision priced on the profile's GPU, no call
@@ -106,7 +106,7 @@ def load_cluster(name: Optional[str]) -> Optional[Profile]:
     and stays one."""
     if name is None:
         return None
-    from .predictors.profile import load_profile
+    from ..predictors.profile import load_profile
     try:
         return load_profile(name)
     except ProfileError as exc:  # the profile layer raises one-line errors of its own
@@ -121,14 +121,14 @@ def _unknown_cluster(name: str) -> Optional[str]:
     if os.path.exists(name):
         return None  # it is there: the profile layer's own reason stands
     if os.sep in name or name.endswith((".yml", ".yaml")):
-        from .predictors.cluster_file import bundled_description
+        from ..predictors.cluster_file import bundled_description
         stem = os.path.splitext(os.path.basename(name))[0]
         if bundled_description(stem) is not None:  # e.g. clusters/dgx-a100.yml typed elsewhere
             return (f"--cluster {name}: no such file here; {stem} is a bundled description "
                     f"(fix: --cluster {stem}, from any directory)")
         return (f"--cluster {name}: no such file or directory (fix: check the path, or name a "
                 f"profile from `neox-perf clusters`)")
-    from .predictors.profile import list_profiles
+    from ..predictors.profile import list_profiles
     known = [p.name for p in list_profiles()]
     near = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
     if near:

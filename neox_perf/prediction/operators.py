@@ -30,7 +30,7 @@ import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .config.specs import NeoxConfig
+from ..config.specs import NeoxConfig
 from .opspec import FP16_BYTES, op_bytes, op_flops
 
 Features = Tuple[Tuple[str, float], ...]
@@ -185,7 +185,7 @@ def _call(op: str, phase: str, count: float, scope: str, dtype_bytes: int, launc
 
 def mlp_widths(cfg: NeoxConfig) -> Tuple[int, int]:
     """(linear1 output, linear2 input) widths: derive.params holds NeoX's ParallelMLP rule."""
-    from .derive.params import mlp_widths as model_mlp_widths
+    from ..derive.params import mlp_widths as model_mlp_widths
     return model_mlp_widths(cfg.model)
 
 
@@ -207,7 +207,7 @@ def _unfused_softmax_launches(opts, precision: str) -> Tuple[Tuple[int, int], Tu
 
 def _layer_calls(cfg: NeoxConfig, dt: int, mp_group: Tuple[int, int], notes: List[str],
                  precision: str) -> Tuple[Tuple[object, ...], Tuple[object, ...]]:
-    from .derive.options import DeriveOptions
+    from ..derive.options import DeriveOptions
     opts = DeriveOptions.from_values(cfg.values)
     m, mp = cfg.model, cfg.parallel.model_parallel_size
     b, l, d = cfg.training.micro_batch_size, m.seq_length, m.hidden_size
