@@ -1,0 +1,77 @@
+"""Jean Zay's BLOOM layouts one by one, as the shipped (vTrain-fitted) step terms predict them.
+
+benchmarks/endtoend.py gives the cluster's error per model; this gives it per row, beside what
+sets the rows apart -- head dimension, micro-batch, precision -- and the share of the predicted
+iteration spent in operators priced outside their samples, then the signed error of the rows
+that share a property against the rest. It is where "a level, one-signed"
+(docs/cross-cluster.md) stops being one level.
+
+    python benchmarks/bloom_rows.py [--cluster benchmarks/clusters/jean-zay-a100.yml] [--rows]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def main(argv=None) -> int:
+    from neox_perf.predictors.fitting import devset, step_fit
+    from neox_perf.prediction.estimate import estimate
+    from neox_perf.prediction.predict import load_cluster
+    from neox_perf.prediction.step_terms import of_profile
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cluster", default=str(REPO / "benchmarks" / "clusters" / "jean-zay-a100.yml"))
+    ap.add_argument("--csv", default=None, help="the layout search's CSV (default: ../shared/data)")
+    ap.add_argument("--rows", action="store_true", help="print every row, not only the groups")
+    args = ap.parse_args(argv)
+    try:
+        runs = devset.load_bloom(Path(args.csv) if args.csv else None, timed_only=True)
+    except FileNotFoundError as exc:
+        print(f"no BLOOM rows: {exc}", file=sys.stderr)
+        return 1
+    jz = load_cluster(args.cluster)
+    cases = step_fit.prepare(runs, lambda r: devset.build_bloom_config(r, jz.facts.gpus_per_node),
+                             key=lambda r: ("bloom", r.model) + r.layout, profile=jz,
+                             pipe_sends_mask=devset.PIPE_SENDS_MASK)
+    terms, _ = of_profile(jz)
+    rows = []
+    for run, case in zip(runs, cases):
+        est = estimate(case.decomposition, jz, terms, events=False)
+        rows.append(dict(run=run, head_dim=run.hidden / run.heads, predicted=est.iteration_seconds,
+                         error=est.iteration_seconds / case.measured - 1.0,
+                         extrapolated=est.extrapolated_share))
+    if args.rows:
+        for r in sorted(rows, key=lambda r: r["error"]):
+            run = r["run"]
+            print(f"{run.row_id:>20} {run.model}B hd {r['head_dim']:5.1f} tp{run.tp} dp{run.dp} pp{run.pp} "
+                  f"mb{run.micro_batch} gb{run.global_batch} {run.precision}: {run.seconds:6.1f} s, "
+                  f"predicted {r['predicted']:6.1f} s ({100 * r['error']:+.1f}%), "
+                  f"{100 * r['extrapolated']:.0f}% extrapolated")
+    groups = (
+        ("every row", lambda r: True),
+        ("head dim not a multiple of 8", lambda r: r["head_dim"] % 8 != 0),
+        ("head dim a multiple of 8", lambda r: r["head_dim"] % 8 == 0),
+        ("micro-batch 1", lambda r: r["run"].micro_batch == 1),
+        ("micro-batch 2 or more", lambda r: r["run"].micro_batch > 1),
+        ("bf16", lambda r: r["run"].precision == "bf16"),
+        ("fp16", lambda r: r["run"].precision == "fp16"),
+    )
+    print(f"{len(rows)} timed BLOOM layouts through {jz.name}, the profile's own step terms")
+    for name, keep in groups:
+        errs = [r["error"] for r in rows if keep(r)]
+        if errs:
+            print(f"  {name:>30}: {len(errs):3d} rows, mean signed {100 * statistics.mean(errs):+6.1f}%, "
+                  f"median {100 * statistics.median(errs):+6.1f}%, "
+                  f"range {100 * min(errs):+.1f}% .. {100 * max(errs):+.1f}%")
+    share = statistics.median(r["extrapolated"] for r in rows)
+    print(f"  median share of the predicted iteration in operators outside their samples: {100 * share:.0f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
