@@ -206,19 +206,20 @@ class Suggestion:
         """More `--set` flags than a line is pasted right with: `plan --write` serves instead."""
         return self.set_flags().count("--set ") > MAX_SET_FLAGS
 
-    def fix(self, files: Sequence[str], cluster: Optional[str], with_sets: bool = False) -> str:
+    def fix(self, files: Sequence[str], cluster: Optional[str], user_flags: str = "") -> str:
         """What to do to get this layout: the `--set` flags when they are few, else the `plan
         --write` command that writes them into a file (a ten-flag line is pasted wrong);
-        `with_sets`: the user's own --set flags must come along."""
+        `user_flags`: the flags of the user's own command that shape the model (CheckResult.
+        request_flags), which the plan must see to search the same model."""
         flags = self.set_flags()
         if not self.too_many_flags:
             return flags
-        return (f"{self.plan_command(files, cluster, with_sets)}, then add best.yml to your config "
+        return (f"{self.plan_command(files, cluster, user_flags)}, then add best.yml to your config "
                 f"files ({flags.count('--set ')} keys change)")
 
-    def plan_command(self, files: Sequence[str], cluster: Optional[str], with_sets: bool = False) -> str:
-        return (f"neox-perf plan {' '.join(files)}{' <your --set flags>' if with_sets else ''} --gpus "
-                f"{self.layout.gpus} --cluster {cluster} --write best.yml")
+    def plan_command(self, files: Sequence[str], cluster: Optional[str], user_flags: str = "",
+                     write: bool = True) -> str:
+        return plan_command(files, user_flags, self.layout.gpus, cluster) + (" --write best.yml" if write else "")
 
     def describe(self) -> str:
         l = self.layout
@@ -315,7 +316,13 @@ def faster_layout(raw, cfg: NeoxConfig, profile, raw_vocab: int, user_seconds: f
     return found
 
 
-def faster_verdicts(suggestion: Optional[Suggestion], files: Sequence[str], cluster: str) -> List[Verdict]:
+def plan_command(files: Sequence[str], user_flags: str, gpus: int, cluster: Optional[str]) -> str:
+    """`neox-perf plan` of the user's model: their files and the flags that shaped it."""
+    return f"neox-perf plan {' '.join(files)}{' ' + user_flags if user_flags else ''} --gpus {gpus} --cluster {cluster}"
+
+
+def faster_verdicts(suggestion: Optional[Suggestion], files: Sequence[str], cluster: str,
+                    user_flags: str = "") -> List[Verdict]:
     if suggestion is None or (suggestion.speedup or 0.0) < FAR_FASTER:
         return []
     c = suggestion.candidate
@@ -325,6 +332,7 @@ def faster_verdicts(suggestion: Optional[Suggestion], files: Sequence[str], clus
                     f"your layout is predicted {slower} {suggestion.describe()} "
                     f"({suggestion.user_seconds_per_batch:.3g} s vs {c.seconds_per_batch:.3g} s per "
                     f"iteration of the same batch)",
-                    fix=(suggestion.fix(files, cluster) if suggestion.too_many_flags
-                         else f"{suggestion.set_flags()}; `neox-perf plan {' '.join(files)} --gpus "
-                              f"{c.layout.gpus} --cluster {cluster}` ranks every layout"))]
+                    fix=(suggestion.fix(files, cluster, user_flags) if suggestion.too_many_flags
+                         else f"{suggestion.set_flags()}; `"
+                              f"{suggestion.plan_command(files, cluster, user_flags, write=False)}` "
+                              f"ranks every layout"))]

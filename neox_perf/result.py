@@ -33,6 +33,9 @@ class CheckResult:
     suggestion: Optional[object] = None  # advice.Suggestion: a layout that fits, or a faster one
     no_layout: List[str] = field(default_factory=list)  # why no layout fits (out of memory)
     memory_fit: Optional[object] = None  # derive.fit.MemoryFit: the memory verdict, if --cluster
+    # the flags of the user's command that shape the model (-d, --set, --vocab-size,
+    # --gpus-per-node), shell-quoted: a command a verdict suggests carries them
+    request_flags: str = ""
     command: str = "check"
     render_hint: str = "check_text"
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 
 from ..config import WorldRequest, build, load_files, raw_vocab
 from ..config.loader import apply_sets
@@ -28,7 +29,8 @@ def run_check(args) -> CheckResult:
     vocab = raw_vocab(cfg.model.tokenizer_type, cfg.model.vocab_file, args.vocab_size, search)
     result = CheckResult(config=cfg, vocab=vocab, warnings=warnings, facts=facts,
                          profile_name=profile.name if profile is not None else None, profile=profile,
-                         network=network_reading(profile) if profile is not None else None)
+                         network=network_reading(profile) if profile is not None else None,
+                         request_flags=request_flags(args))
     if args.max_iteration_seconds is not None and profile is None:
         raise UsageError("--max-iteration-seconds needs --cluster to predict the iteration time")
     if any(v.level == "error" and v.code in _BLOCKING for v in verdicts):
@@ -74,11 +76,23 @@ def run_check(args) -> CheckResult:
         verdicts += hardware + checks.time_verdict(est.iteration_seconds, args.max_iteration_seconds)
         if hardware or advice.lost_share(est) >= advice.SEARCH_WHEN_LOST:
             found = advice.faster_layout(raw, cfg, profile, vocab.size, est.iteration_seconds, gpn)
-            slower = advice.faster_verdicts(found, cfg.files, args.cluster)
+            slower = advice.faster_verdicts(found, cfg.files, args.cluster, result.request_flags)
             if slower:
                 result.suggestion, verdicts = found, verdicts + slower
     result.verdicts = verdicts
     return result
+
+
+def request_flags(args) -> str:
+    """The flags of this command that shape the model besides its files, GPUs and cluster, as a
+    shell takes them back: a `plan` a verdict suggests must search the same model."""
+    out = [f"-d {shlex.quote(args.conf_dir)}"] if getattr(args, "conf_dir", None) else []
+    out += [f"--set {shlex.quote(s)}" for s in getattr(args, "sets", None) or []]
+    for flag, value in (("--vocab-size", getattr(args, "vocab_size", None)),
+                        ("--gpus-per-node", getattr(args, "gpus_per_node", None))):
+        if value is not None:
+            out.append(f"{flag} {value}")
+    return " ".join(out)
 
 
 # Findings that leave nothing sensible to derive (shapes would not be whole numbers).

@@ -24,11 +24,6 @@ def _cluster_arg(result) -> str:
     return str(path)
 
 
-def _has_sets(result) -> bool:
-    from ..config.loader import SET_SOURCE
-    return SET_SOURCE in (result.config.sources or {}).values()
-
-
 def line(result) -> str:
     cfg, d, est = result.config, result.derived, result.estimate
     p = cfg.parallel
@@ -57,7 +52,7 @@ def line(result) -> str:
         s = result.suggestion
         label = "fits as" if s.reason == "fits" else (
             f"{s.speedup:.2g}x faster layout" if s.speedup else "faster layout")
-        fields.append(f"{label}: {s.fix(cfg.files, _cluster_arg(result), _has_sets(result))}")
+        fields.append(f"{label}: {s.fix(cfg.files, _cluster_arg(result), result.request_flags)}")
     if pred is not None and pred.get("slurm_time"):
         fields.append(f"sbatch --time={pred['slurm_time']}")
     return "neox-perf check: " + " | ".join(fields)

@@ -1,6 +1,7 @@
 """Rich text for `neox-perf check`: what the config builds, the verdicts, the prediction."""
 from __future__ import annotations
 
+import shlex
 from typing import Optional
 
 from rich import box
@@ -10,7 +11,7 @@ from rich.text import Text
 
 from ..config.verdicts import LEVELS
 from ..prediction.network import DESCRIBE_YOUR_NODES
-from .check_line import _cluster_arg, _has_sets
+from .check_line import _cluster_arg
 from .op_names import PHASES, neox_name, split
 
 GIB = 2 ** 30
@@ -310,15 +311,25 @@ def _render_suggestion(result, console) -> None:
         keys = s.set_flags().count("--set ")
         console.print(Text(f"{keys} keys change: write them to best.yml, then add it to your config files:",
                            style="bold"))
-        command = s.plan_command(result.config.files, _cluster_arg(result), _has_sets(result))
-        for line in _packed(command.replace(" <your --set flags>", " <your-set-flags>").split(" "),
-                            console.width):
-            console.print(Text(line.replace("<your-set-flags>", "<your --set flags>")),
-                          overflow="ignore", crop=False)
+        command = s.plan_command(result.config.files, _cluster_arg(result), result.request_flags)
+        for line in _packed(_shell_words(command), console.width):
+            console.print(Text(line), overflow="ignore", crop=False)
         return
     console.print(Text("paste after your config files:", style="bold"))
     for line in paste_lines(s.set_flags().split(" --"), console.width):
         console.print(Text(line), overflow="ignore", crop=False)
+
+
+def _shell_words(command: str):
+    """The command's words as a shell takes them back (quoted where they need it), each --set
+    on one line with its KEY=VALUE."""
+    words = []
+    for w in shlex.split(command):
+        if words and words[-1] == "--set":
+            words[-1] += " " + shlex.quote(w)
+        else:
+            words.append(shlex.quote(w))
+    return words
 
 
 def _packed(words, width: int):

@@ -74,6 +74,26 @@ def test_a_fix_of_many_flags_names_plan_write():
     many.describe = lambda: "layout"  # the verdict's prose is not under test
     (verdict,) = faster_verdicts(many, ["a.yml"], "dgx-a100")
     assert "--write" in verdict.fix and verdict.fix.count("--set") == 0
+    # the user's own flags (check's request_flags) reach the plan command, in both forms
+    mine = "--set hidden_size=4096 --vocab-size 50000"
+    (verdict,) = faster_verdicts(many, ["a.yml"], "dgx-a100", mine)
+    assert verdict.fix.startswith(f"neox-perf plan a.yml {mine} --gpus 64 --cluster dgx-a100 --write")
+    few.describe = lambda: "layout"
+    (verdict,) = faster_verdicts(few, ["a.yml"], "dgx-a100", mine)
+    assert verdict.fix.startswith(few.set_flags() + "; ")
+    assert f"`neox-perf plan a.yml {mine} --gpus 64 --cluster dgx-a100` ranks every layout" in verdict.fix
+
+
+def test_check_hands_its_own_model_flags_to_the_commands_it_suggests():
+    """check's request_flags: -d, every --set (quoted for a shell), --vocab-size, --gpus-per-node;
+    never the files, the GPUs or the cluster, which the suggestion sets itself."""
+    from types import SimpleNamespace
+    from neox_perf.commands.check import request_flags
+    args = SimpleNamespace(conf_dir="my configs", sets=["hidden_size=4096", "train_data_paths=[a, b]"],
+                           vocab_size=50000, gpus_per_node=4, gpus=64, cluster="dgx-a100")
+    assert request_flags(args) == ("-d 'my configs' --set hidden_size=4096 --set 'train_data_paths=[a, b]' "
+                                   "--vocab-size 50000 --gpus-per-node 4")
+    assert request_flags(SimpleNamespace(conf_dir=None, sets=[], vocab_size=None, gpus_per_node=None)) == ""
 
 
 def test_report_on_a_missing_run_dir_is_a_data_error_naming_no_absent_file(tmp_path):
@@ -106,7 +126,11 @@ def test_a_long_fix_on_the_command_line_is_plan_write():
     code, out, _ = run(argv + ["--format", "line"])
     assert code == exitcodes.VERDICT_FAILED
     fix = next(f for f in out.strip().split(" | ") if f.startswith("fits as: "))
-    assert "--set " not in fix.replace("<your --set flags>", "") and "--write best.yml" in fix
-    assert "<your --set flags>" in fix
+    # the plan searches the user's model: their own --set flags come along, in their order
+    assert fix.split(": ", 1)[1].startswith(f"neox-perf plan {EXAMPLES / 'llama-13b.yml'} --set pipe_parallel_size=1 "
+                          f"--set model_parallel_size=2 --set checkpoint_activations=false "
+                          f"--set zero_optimization.stage=0 --set train_micro_batch_size_per_gpu=16 "
+                          f"--gpus 16 --cluster perlmutter-a100 --write best.yml"), fix
     code, out, _ = run(argv)
     assert "paste after your config files" not in out and "--write best.yml" in out
+    assert "--set train_micro_batch_size_per_gpu=16" in out  # one line: a --set with its value
