@@ -27,20 +27,21 @@ SWEEP_GPUS = ("8", "16", "128")
 SWEEP_CLUSTERS = (None, "perlmutter-a100", "perlmutter-a100-80gb", "vista-gh200")
 
 
-def _time(cmd) -> float:
-    t0 = time.perf_counter()
-    subprocess.run(cmd, capture_output=True, check=False)
-    return time.perf_counter() - t0
-
-
-def _cpu(cmd) -> float:
-    """CPU seconds (user + system) of one run: on a loaded machine the wall clock measures the
-    queue for a core, this what the process itself costs."""
+def _measure(cmd):
+    """(wall seconds, CPU seconds) of one run: the wall clock is what the user waits; on a
+    loaded machine it also measures the queue for a core, and the CPU time (user + system)
+    is what the process itself costs."""
     import resource
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
     subprocess.run(cmd, capture_output=True, check=False)
+    wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def _time(cmd) -> float:
+    return _measure(cmd)[0]
 
 
 def _command(files, gpus, cluster):
@@ -96,8 +97,7 @@ def main() -> int:
     if first.returncode not in (0, 3):
         print(first.stderr, file=sys.stderr)
         return 1
-    times = [_time(cmd) for _ in range(args.runs)]
-    cpu = [_cpu(cmd) for _ in range(args.runs)]
+    times, cpu = zip(*(_measure(cmd) for _ in range(args.runs)))  # both of the same runs
     print(f"neox-perf check ({Path(args.config).name}, cluster {args.cluster or 'none'}): "
           f"{_summary(times)} (target <= 0.5 s); CPU time {_summary(cpu)}; load average "
           f"{os.getloadavg()[0]:.2f}")
