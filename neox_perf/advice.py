@@ -219,7 +219,10 @@ class Suggestion:
 
     def plan_command(self, files: Sequence[str], cluster: Optional[str], user_flags: str = "",
                      write: bool = True) -> str:
-        return plan_command(files, user_flags, self.layout.gpus, cluster) + (" --write best.yml" if write else "")
+        """`neox-perf plan` of the user's model (their files and the flags that shaped it) on
+        this layout's GPUs; `write`: into best.yml."""
+        return (f"neox-perf plan {' '.join(files)}{' ' + user_flags if user_flags else ''} "
+                f"--gpus {self.layout.gpus} --cluster {cluster}" + (" --write best.yml" if write else ""))
 
     def describe(self) -> str:
         l = self.layout
@@ -314,11 +317,6 @@ def faster_layout(raw, cfg: NeoxConfig, profile, raw_vocab: int, user_seconds: f
     if found is None or found.layout == layout_of(cfg):
         return None
     return found
-
-
-def plan_command(files: Sequence[str], user_flags: str, gpus: int, cluster: Optional[str]) -> str:
-    """`neox-perf plan` of the user's model: their files and the flags that shaped it."""
-    return f"neox-perf plan {' '.join(files)}{' ' + user_flags if user_flags else ''} --gpus {gpus} --cluster {cluster}"
 
 
 def faster_verdicts(suggestion: Optional[Suggestion], files: Sequence[str], cluster: str,
