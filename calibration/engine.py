@@ -15,6 +15,13 @@ forming one data-parallel group (see _measure_zero): that optimizer does differe
 the plain one -- it copies every gradient into a reduce bucket, all-reduces it whole, keeps
 its own partition, steps one flat fp32 partition and all-gathers the updated parameters --
 and its collectives move the whole model at once, far beyond the collective benchmark's sizes.
+
+A third pass runs the same shapes tensor parallel: the processes one model-parallel group of
+TP_SIZE (see _engine_for), the layers' column- and row-parallel GEMMs each rank's share and
+their all-reduces inside the layer, as NeoX's mpu places them. A tensor-parallel layer in
+training is not its operators plus its all-reduces priced apart: at every all-reduce the
+peers wait for each other, and each waits for the other's gloo threads on shared cores
+(predictors/fitting/engine_fit.py fits that as the tp_layer terms).
 """
 from __future__ import annotations
 
@@ -53,9 +60,9 @@ def engine_path(store: Path) -> Path:
     return store.with_suffix(".engine.json")
 
 
-def engine_keys(shape, layers: int, zero: int = 0) -> Dict[str, object]:
+def engine_keys(shape, layers: int, zero: int = 0, mp: int = 1) -> Dict[str, object]:
     hidden, seq, micro, norm, attention, _vocab = shape
-    keys = {"pipe_parallel_size": 0, "model_parallel_size": 1, "num_layers": layers,
+    keys = {"pipe_parallel_size": 0, "model_parallel_size": mp, "num_layers": layers,
             "hidden_size": hidden, "num_attention_heads": hidden // 64, "seq_length": seq,
             "max_position_embeddings": seq, "pos_emb": "rotary", "norm": norm,
             "no_weight_tying": True, "train_micro_batch_size_per_gpu": micro,
@@ -69,12 +76,23 @@ def engine_keys(shape, layers: int, zero: int = 0) -> Dict[str, object]:
     return keys
 
 
+def tp_splits(shape) -> bool:
+    """Whether a shape's attention heads (hidden / 64) split over a TP_SIZE group."""
+    heads = shape[0] // 64
+    return heads >= TP_SIZE and heads % TP_SIZE == 0
+
+
 def engine_label(shape, layers: int) -> str:
     hidden, seq, micro, norm, attention, vocab = shape
     return f"d{hidden} l{seq} b{micro} {norm} {attention} V{vocab} x{layers}"
 
 
 ZERO_STAGE = 1  # the second pass; stage 2 runs the same optimizer class
+TP_SIZE = 2  # the third pass: tensor-parallel groups of two (the smallest, and this machine's)
+# A tensor-parallel phase's repeats spread far wider than one rank's own (1.1-2x between the
+# fastest and slowest of five on this 2-core machine: the ranks wait for each other and for
+# gloo's threads): the pass takes more of them for its medians.
+TP_REPEATS = 11
 
 
 def run_engine(path: Path, device: str, progress=None, shapes=ENGINE_SHAPES,
@@ -85,14 +103,20 @@ def run_engine(path: Path, device: str, progress=None, shapes=ENGINE_SHAPES,
     each with its own one-process engine, and the first one records: in training every
     device steps at once, and devices that share a memory system (CPU "GPUs") slow each
     other down in the memory-bound phases -- measured here, not assumed. Then the ZeRO pass:
-    the same shapes, the ``nproc`` processes one data-parallel group of a ZeRO-1 engine."""
+    the same shapes, the ``nproc`` processes one data-parallel group of a ZeRO-1 engine; then,
+    for an even ``nproc``, the tensor-parallel pass: the shapes whose heads split in TP_SIZE
+    groups, at mp TP_SIZE."""
     todo = [(s, n) for s in shapes for n in ENGINE_DEPTHS]
     data = json.loads(path.read_text()) if path.is_file() else {}
-    have, have_zero = data.get("shapes", {}), data.get("zero", {})
+    # the tensor-parallel pass: an even number of processes, and the shapes whose heads split
+    tp_shapes = tuple(s for s in shapes if tp_splits(s)) if nproc % TP_SIZE == 0 else ()
+    tp_todo = [(s, n) for s in tp_shapes for n in ENGINE_DEPTHS]
+    have, have_zero, have_tp = data.get("shapes", {}), data.get("zero", {}), data.get("tp", {})
     before = sum(engine_label(s, n) in have for s, n in todo)
     before_zero = sum(engine_label(s, n) in have_zero for s, n in todo)
-    done = [before + before_zero]
-    total = 2 * len(todo)
+    before_tp = sum(engine_label(s, n) in have_tp for s, n in tp_todo)
+    done = [before + before_zero + before_tp]
+    total = 2 * len(todo) + len(tp_todo)
     if progress is not None:
         progress(done[0], total, "starting")
 
@@ -104,8 +128,15 @@ def run_engine(path: Path, device: str, progress=None, shapes=ENGINE_SHAPES,
     extra = ["--shapes", json.dumps([list(s) for s in shapes])] if tuple(shapes) != ENGINE_SHAPES else []
     plain = _run_peers(path, device, nproc, extra, measured, zero=0)
     zero = _run_peers(path, device, nproc, extra, measured, zero=ZERO_STAGE)
-    return {"shapes": len(todo), "already_stored": before, "measured": plain, "processes": nproc,
-            "zero": {"stage": ZERO_STAGE, "already_stored": before_zero, "measured": zero}}
+    out = {"shapes": len(todo), "already_stored": before, "measured": plain, "processes": nproc,
+           "zero": {"stage": ZERO_STAGE, "already_stored": before_zero, "measured": zero}}
+    if tp_todo:
+        tp_extra = (["--shapes", json.dumps([list(s) for s in tp_shapes])]
+                    if tp_shapes != ENGINE_SHAPES else [])
+        tp = _run_peers(path, device, nproc, tp_extra, measured, zero=0, mp=TP_SIZE)
+        out["tp"] = {"size": TP_SIZE, "shapes": len(tp_todo), "already_stored": before_tp,
+                     "measured": tp}
+    return out
 
 
 class _PortTaken(Exception):
@@ -116,37 +147,42 @@ class _PortTaken(Exception):
         self.stored = stored
 
 
-def _run_peers(path: Path, device: str, nproc: int, extra: List[str], measured, zero: int) -> int:
+def _run_peers(path: Path, device: str, nproc: int, extra: List[str], measured, zero: int,
+               mp: int = 1) -> int:
     """One pass over the shapes in ``nproc`` processes, calling ``measured(label)`` per stored
     shape; returns how many were stored. Plain pass: each process a world of one (its engine
     must not reduce across them). ZeRO pass: one world of ``nproc``, the data-parallel group
-    the optimizer partitions over. A port taken before the rendezvous bound it is retried on
-    new ports (and only that): the pass resumes past what it stored."""
+    the optimizer partitions over. Tensor-parallel pass (``mp`` > 1): one world of ``nproc``,
+    groups of ``mp``. A port taken before the rendezvous bound it is retried on new ports (and
+    only that): the pass resumes past what it stored."""
     stored = 0
     for attempt in range(3):
         try:
             return stored + _run_peers_once(path, device, nproc, extra, measured, zero,
-                                            last=attempt == 2)
+                                            last=attempt == 2, mp=mp)
         except _PortTaken as taken:
             stored += taken.stored
     return stored  # unreachable: the last attempt raises CalibrationFailed instead
 
 
 def _run_peers_once(path: Path, device: str, nproc: int, extra: List[str], measured, zero: int,
-                    last: bool) -> int:
+                    last: bool, mp: int = 1) -> int:
     cmd = [sys.executable, "-m", __name__, str(path), "--device", device,
            "--peers", str(nproc), "--barrier-port", str(free_port()), *extra]
     if zero:
         cmd += ["--zero", str(zero)]
-    tag = "zero." if zero else ""
+    if mp > 1:
+        cmd += ["--mp", str(mp)]
+    one_world = bool(zero) or mp > 1
+    tag = "zero." if zero else "tp." if mp > 1 else ""
     logs = [path.with_suffix(f".{tag}{peer}.log") for peer in range(nproc)]
     master = str(free_port())
     procs, ports, count = [], [], 0
     try:
         for peer in range(nproc):
             env = rank_env(device)
-            ports.append(master if zero else str(free_port()))
-            if zero:
+            ports.append(master if one_world else str(free_port()))
+            if one_world:
                 env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=master, RANK=str(peer),
                            WORLD_SIZE=str(nproc), LOCAL_RANK=str(peer), LOCAL_WORLD_SIZE=str(nproc))
             else:
@@ -179,7 +215,7 @@ def _run_peers_once(path: Path, device: str, nproc: int, extra: List[str], measu
         if not last and port_taken(raw):
             raise _PortTaken(count)
         text = raw.strip().splitlines()
-        what = f"ZeRO-{zero} engine" if zero else "engine"
+        what = f"ZeRO-{zero} engine" if zero else f"mp {mp} engine" if mp > 1 else "engine"
         raise CalibrationFailed(f"{what} calibration failed (process {peer}, exit {codes[peer]}): "
                                 f"{(text or ['no output'])[-1][-300:]} (log: {logs[peer]})")
     return count
@@ -232,7 +268,7 @@ class _Barrier:
 
 
 def _engine_worker(path: Path, device: str, todo=ENGINE_SHAPES, peer: int = 0, peers: int = 1,
-                   port: int = 0, zero: int = 0) -> int:
+                   port: int = 0, zero: int = 0, mp: int = 1) -> int:
 
     import deepspeed
     import torch
@@ -245,9 +281,10 @@ def _engine_worker(path: Path, device: str, todo=ENGINE_SHAPES, peer: int = 0, p
     deepspeed.init_distributed(dist_backend="nccl" if device.startswith("cuda") else "gloo")
     barrier = _Barrier(peer, peers, port)
     data = json.loads(path.read_text()) if path.is_file() else {}
-    shapes = data.setdefault("zero" if zero else "shapes", {})
+    section = "zero" if zero else "tp" if mp > 1 else "shapes"
+    shapes = data.setdefault(section, {})
     data["device"] = device
-    data["zero_processes" if zero else "processes"] = peers
+    data["zero_processes" if zero else "tp_processes" if mp > 1 else "processes"] = peers
     for shape in todo:
         for layers in ENGINE_DEPTHS:
             label = engine_label(shape, layers)
@@ -256,13 +293,16 @@ def _engine_worker(path: Path, device: str, todo=ENGINE_SHAPES, peer: int = 0, p
             if zero:
                 row = _measure_zero(shape, layers, device, barrier, peers, zero)
             else:
-                row = _measure_engine(shape, layers, device, barrier)
+                # plain pass: each peer a world of one
+                row = _measure_engine(shape, layers, device, barrier, mp=mp,
+                                      world=peers if mp > 1 else 1)
             if peer == 0:
                 shapes[label] = row
                 tmp = path.with_suffix(".tmp")
                 tmp.write_text(json.dumps(data, indent=1))
                 os.replace(tmp, path)  # a kill loses at most the shape in flight
-                print(progress_line(measured=f"{f'ZeRO-{zero} ' if zero else ''}{label}"), flush=True)
+                what = f"ZeRO-{zero} " if zero else f"mp {mp} " if mp > 1 else ""
+                print(progress_line(measured=f"{what}{label}"), flush=True)
     barrier.close()
     import torch.distributed as dist
     if dist.is_initialized():
@@ -275,7 +315,10 @@ def _engine_worker(path: Path, device: str, todo=ENGINE_SHAPES, peer: int = 0, p
 
 def _engine_for(keys: dict, vocab: int, device: str, world: int):
     """The reference model of NeoX ``keys`` under a DeepSpeed engine on ``device``:
-    (cfg, workload dims, torch device, model, trainable params, engine, device sync)."""
+    (cfg, workload dims, torch device, model, trainable params, engine, device sync). With
+    ``model_parallel_size`` > 1 in ``keys``, the ``world`` processes are split into
+    tensor-parallel groups as workload/train.py splits them (DeepSpeed's topology, the mpu
+    handed to the engine)."""
     import tempfile
 
     import deepspeed
@@ -292,28 +335,59 @@ def _engine_for(keys: dict, vocab: int, device: str, world: int):
         cfg_path.write_text(json.dumps(keys))
         cfg, _, _ = build(load_files([str(cfg_path)]), WorldRequest(gpus=world))
     dev = torch.device(device)
-    set_tp_state(TPState(init_device=str(dev)))
     wc = dims.from_neox(cfg, vocab)
+    mpu = None
+    if wc.mp > 1:
+        from deepspeed.runtime.pipe.topology import (PipeModelDataParallelTopology,
+                                                     PipelineParallelGrid)
+
+        from .workload.tensor_parallel import ModelParallelUnit
+        grid = PipelineParallelGrid(topology=PipeModelDataParallelTopology(
+            num_pp=1, num_mp=wc.mp, num_dp=world // wc.mp))
+        mpu = ModelParallelUnit(grid)
+        set_tp_state(TPState(rank=grid.get_slice_parallel_rank(), world_size=wc.mp,
+                             group=grid.get_slice_parallel_group(),
+                             fp32_allreduce=wc.fp32_allreduce, init_device=str(dev)))
+    else:
+        set_tp_state(TPState(init_device=str(dev)))
     model = SequentialModel(wc, 0).to(dev)
     ds_config, _ = build_ds_config(cfg, dev.type)
     params = [p for p in model.parameters() if p.requires_grad]
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=ds_config)
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=ds_config,
+                                           mpu=mpu)
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
     return cfg, wc, dev, model, params, engine, sync
 
 
-def _measure_engine(shape, layers: int, device: str, barrier=lambda: None) -> Dict[str, object]:
+def _measure_engine(shape, layers: int, device: str, barrier=lambda: None, mp: int = 1,
+                    world: int = 1) -> Dict[str, object]:
+    """One shape's phases (the plain pass; with ``mp`` > 1 the tensor-parallel pass, where
+    each rank runs its share of every layer and the layers' all-reduces run inside them)."""
     import torch
 
+    from .workload import tensor_parallel
     from .workload.data import SyntheticTokens
     from .workload.ds_config import run_precision
     from .workload.layers import ParallelTransformerLayerPipe
     from .workload.model import cross_entropy
 
-    keys, vocab = engine_keys(shape, layers), shape[-1]
-    cfg, wc, dev, model, params, engine, sync = _engine_for(keys, vocab, device, 1)
+    keys, vocab = engine_keys(shape, layers, mp=mp), shape[-1]
+    cfg, wc, dev, model, params, engine, sync = _engine_for(keys, vocab, device, world)
     now = time.perf_counter
     clock, marks = PhaseClock(), []
+    # the tensor-parallel all-reduces' own time (inclusive in the layers: not a PhaseClock
+    # phase, which would take it out of the layer that runs it)
+    allreduce = [0.0]
+    plain_all_reduce = tensor_parallel._all_reduce
+
+    def timed_all_reduce(x):
+        t0 = now()
+        try:
+            return plain_all_reduce(x)
+        finally:
+            allreduce[0] += now() - t0
+    if mp > 1:
+        tensor_parallel._all_reduce = timed_all_reduce
 
     def stamp(kind):
         def hook(grad):
@@ -338,31 +412,40 @@ def _measure_engine(shape, layers: int, device: str, barrier=lambda: None) -> Di
     engine.allreduce_gradients = clock.wrap("flatten", engine.allreduce_gradients)
     data = SyntheticTokens(wc.seed, vocab, wc.seq_length, cfg.training.micro_batch_size, 0, dev)
     rows = []
-    for it in range(ENGINE_WARMUP + ENGINE_REPEATS):
-        inputs, labels = data.micro_batch(it, 0)
-        clock.current, marks[:] = {}, []
-        barrier()
-        t0 = now()
-        loss = cross_entropy(engine(inputs), labels)
-        sync()
-        t1 = now()
-        barrier()
-        t1b = now()
-        engine.backward(loss)
-        sync()
-        t2 = now()
-        barrier()
-        t2b = now()
-        engine.step()
-        sync()
-        t3 = now()
-        flatten = clock.current.get("flatten", 0.0)
-        starts = [t for kind, t in marks if kind == "start"]
-        ends = [t for kind, t in marks if kind == "end"]
-        rows.append({"forward": t1 - t0, "layer_forward": clock.current.get("layer_forward", 0.0),
-                     "backward": t2 - t1b - flatten,
-                     "layer_backward": sum(e - b for b, e in zip(starts, ends)),
-                     "flatten": flatten, "step": t3 - t2b})
+    repeats = TP_REPEATS if mp > 1 else ENGINE_REPEATS
+    try:
+        for it in range(ENGINE_WARMUP + repeats):
+            inputs, labels = data.micro_batch(it, 0)
+            clock.current, marks[:], allreduce[0] = {}, [], 0.0
+            barrier()
+            t0 = now()
+            loss = cross_entropy(engine(inputs), labels)
+            sync()
+            t1 = now()
+            forward_allreduce = allreduce[0]
+            barrier()
+            t1b = now()
+            engine.backward(loss)
+            sync()
+            t2 = now()
+            barrier()
+            t2b = now()
+            engine.step()
+            sync()
+            t3 = now()
+            flatten = clock.current.get("flatten", 0.0)
+            starts = [t for kind, t in marks if kind == "start"]
+            ends = [t for kind, t in marks if kind == "end"]
+            row = {"forward": t1 - t0, "layer_forward": clock.current.get("layer_forward", 0.0),
+                   "backward": t2 - t1b - flatten,
+                   "layer_backward": sum(e - b for b, e in zip(starts, ends)),
+                   "flatten": flatten, "step": t3 - t2b}
+            if mp > 1:
+                row.update(allreduce_forward=forward_allreduce,
+                           allreduce_backward=allreduce[0] - forward_allreduce)
+            rows.append(row)
+    finally:
+        tensor_parallel._all_reduce = plain_all_reduce
     timed = rows[ENGINE_WARMUP:]
     best = {k: min(r[k] for r in timed) for k in rows[0]}
     # What AccumulateGrad does for every micro-batch after the first: grad += new gradient.
@@ -370,7 +453,7 @@ def _measure_engine(shape, layers: int, device: str, barrier=lambda: None) -> Di
         p.grad = torch.zeros_like(p)
     fresh = [torch.randn_like(p) for p in params]
     times = []
-    for _ in range(ENGINE_REPEATS):
+    for _ in range(repeats):
         sync()
         barrier()
         t0 = now()
@@ -385,7 +468,8 @@ def _measure_engine(shape, layers: int, device: str, barrier=lambda: None) -> Di
     del engine, model, params, fresh
     # every timed repeat beside the fastest: the fit takes the statistic it needs
     # (predictors/fitting/engine_fit.typical_row)
-    return {"keys": keys, "vocab": vocab, "layers": layers,
+    group = {"model_parallel_size": mp, "processes": world} if mp > 1 else {}
+    return {"keys": keys, "vocab": vocab, "layers": layers, **group,
             "precision": run_precision(cfg, dev.type), **counts, **best, "repeats": timed}
 
 
@@ -497,10 +581,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--barrier-port", type=int, default=0, help="peer 0's TCPStore port")
     parser.add_argument("--zero", type=int, default=0,
                         help="ZeRO stage: the peers form one data-parallel group (the ZeRO pass)")
+    parser.add_argument("--mp", type=int, default=1,
+                        help="tensor-parallel group size: the peers form groups of it (the mp pass)")
     args = parser.parse_args(argv)
     shapes = tuple(tuple(s) for s in json.loads(args.shapes)) if args.shapes else ENGINE_SHAPES
     return _engine_worker(Path(args.path), args.device, shapes, args.peer, args.peers,
-                          args.barrier_port, args.zero)
+                          args.barrier_port, args.zero, args.mp)
 
 
 if __name__ == "__main__":

@@ -121,3 +121,19 @@ def test_a_residual_without_a_measured_range_never_takes_a_phase_below_zero():
     assert t.layer("forward", 2e-4) == -2e-4
     assert t.layer("forward", 0.0) == 0.0  # no layer here: nothing, not minus the fixed part
     assert t.layer("forward", 0.1) == pytest.approx(-1e-3 + 0.1 * 0.1)
+
+
+def test_a_tensor_parallel_term_applies_to_one_node_groups_of_its_size_only():
+    term = {"seconds": 0.0, "per_unit": 0.25, "feature": "parts", "processes": 2,
+            "ratio_range": [0.9, 1.5], "rows": 10}
+    t = _terms(section={**SECTION, "tp_layer_forward": term})
+    assert EngineSection.parse({**SECTION, "tp_layer_forward": term}).to_dict()["tp_layer_forward"] == term
+
+    def calls(*groups):
+        return [SimpleNamespace(purpose="mp_allreduce", nodes=n, gpus_per_node=g) for n, g in groups]
+    assert t.tensor_parallel("layer", "forward", 0.1, calls((1, 2), (1, 2))) == pytest.approx(0.025)
+    assert t.tensor_parallel("layer", "forward", 0.1, calls((1, 4))) == 0.0  # another group size
+    assert t.tensor_parallel("layer", "forward", 0.1, calls((2, 1))) == 0.0  # across nodes
+    assert t.tensor_parallel("layer", "forward", 0.1, []) == 0.0  # no tensor parallelism
+    assert t.tensor_parallel("layer", "backward", 0.1, calls((1, 2))) == 0.0  # no such term
+    assert t.tensor_parallel("layer", "forward", 0.0, calls((1, 2))) == 0.0  # nothing to scale

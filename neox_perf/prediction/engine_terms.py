@@ -11,6 +11,8 @@ Four kinds of term, each where its cost scales differently:
 - Residual (layer_forward/backward, other_forward/backward): seconds + per_unit * x on top
   of the operators, x the operators' own seconds (inside a layer) or the logits (outside),
   never taking the phase below the lowest ratio to its operators it was measured at;
+  tp_layer_/tp_other_forward/backward the same on top of a tensor-parallel phase's parts
+  (operators, residual, all-reduces), for groups of the size it was measured in ("processes");
 - Linear (optimizer_step, grad_flatten, grad_accumulate, zero_reduce, zero_step, and
   tp_allreduce per element): t0 + per_tensor * tensors + per_param * params;
 - Curve (dp_allreduce, dp_allgather): measured [elements, seconds] points of a ZeRO step's
@@ -26,7 +28,8 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 from ..errors import ProfileError
 
-RESIDUALS = ("layer_forward", "layer_backward", "other_forward", "other_backward")
+RESIDUALS = ("layer_forward", "layer_backward", "other_forward", "other_backward",
+             "tp_layer_forward", "tp_layer_backward", "tp_other_forward", "tp_other_backward")
 LINEARS = ("optimizer_step", "grad_flatten", "grad_accumulate", "zero_reduce", "zero_step",
            "tp_allreduce")
 CURVES = ("dp_allreduce", "dp_allgather")
@@ -258,6 +261,18 @@ class EngineTerms:
     def layer(self, phase: str, operators: float) -> float:
         """Seconds one layer adds to its operators' `operators` seconds in this phase."""
         return self._residual(f"layer_{phase}", operators, operators)
+
+    def tensor_parallel(self, part: str, phase: str, parts: float, calls) -> float:
+        """Seconds a tensor-parallel ``part`` ("layer", or "other": embedding, head and loss)
+        adds in training to its ``parts`` (operators, residual, its all-reduces ``calls`` as
+        priced) in this phase: only where those all-reduces are a one-node group of the size the
+        term was measured in (engine_fit's tensor-parallel pass)."""
+        term = self.section.residuals.get(f"tp_{part}_{phase}")
+        groups = {(c.nodes, c.gpus_per_node) for c in calls
+                  if getattr(c, "purpose", None) == "mp_allreduce"}
+        if term is None or parts <= 0 or groups != {(1, term.extra.get("processes"))}:
+            return 0.0
+        return term.added(parts, parts)
 
     def other(self, phase: str, operators: float, logits: float) -> float:
         """What the embedding, head and loss add (charged to the stage with the logits)."""

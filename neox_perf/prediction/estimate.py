@@ -230,8 +230,15 @@ def _stage_times(work: StageWork, cache: _Cache, engine: Optional[EngineTerms] =
         lf += engine.layer("forward", cache.operators(work.layer_forward))
         lb += engine.layer("backward", cache.operators(work.layer_backward))
         extra_f = engine.other("forward", cache.operators(work.forward), work.logits_elements)
-        extra_b = (engine.other("backward", cache.operators(work.backward), work.logits_elements)
-                   + engine.accumulate(work.params_per_rank, work.param_tensors))
+        extra_b = engine.other("backward", cache.operators(work.backward), work.logits_elements)
+        # tensor-parallel ranks meeting at their all-reduces (engine_fit's tensor-parallel pass)
+        lf += engine.tensor_parallel("layer", "forward", lf, work.layer_forward)
+        lb += engine.tensor_parallel("layer", "backward", lb, work.layer_backward)
+        extra_f += engine.tensor_parallel("other", "forward", cache.total(work.forward) + extra_f,
+                                          work.forward)
+        extra_b += engine.tensor_parallel("other", "backward", cache.total(work.backward) + extra_b,
+                                          work.backward)
+        extra_b += engine.accumulate(work.params_per_rank, work.param_tensors)
     recompute = work.recompute_layers * lf
     # the engine's own per-micro-batch work (instructions, data, loss scaling) and per-step
     # bookkeeping, where the profile's step terms measured them

@@ -9,6 +9,7 @@ from neox_perf.derive import derive
 from neox_perf.prediction.engine_terms import EngineSection
 from neox_perf.prediction.estimate import estimate
 from neox_perf.prediction.operators import StageShape, decompose
+from neox_perf.prediction.step_terms import StepTerms
 from neox_perf.predictors import load_profile
 
 ENGINE = {
@@ -34,8 +35,9 @@ class _WithEngine:
         return getattr(self._p, name)
 
 
-def _decomp(write_yaml, precision, zero=0):
+def _decomp(write_yaml, precision, zero=0, mp=1, gpus_per_node=4):
     path = write_yaml("c.yml", f"""
+model_parallel_size: {mp}
 num_layers: 4
 hidden_size: 256
 num_attention_heads: 4
@@ -46,7 +48,7 @@ gradient_accumulation_steps: 2
 pipe_parallel_size: 1
 zero_optimization: {{stage: {zero}}}
 """)
-    cfg, _, _ = build(load_files([path]), WorldRequest(gpus=1), cluster_gpus_per_node=4)
+    cfg, _, _ = build(load_files([path]), WorldRequest(gpus=mp), cluster_gpus_per_node=gpus_per_node)
     d = derive(cfg, 50257)
     shapes = [StageShape(s.index, s.transformer_layers, True, True, s.params_per_rank) for s in d.stages]
     return decompose(cfg, d.padded_vocab, shapes, precision=precision)
@@ -79,3 +81,32 @@ def test_precision_reaches_the_decomposition(write_yaml):
     w = d.stages[0]
     assert w.param_tensors == 4 * 12 + 1 + 1 + 2 and w.logits_elements == 256 * 50304
     assert w.activation_elements == 256 * (256 + 1024)
+
+
+TP = {"feature": "parts", "processes": 2, "seconds": 0.0, "ratio_range": [1.1, 1.6]}
+
+
+def test_tensor_parallel_terms_apply_to_the_group_they_were_measured_in(write_yaml):
+    """The tensor-parallel pass's ratios scale an mp 2 layer's parts (operators, residual,
+    all-reduces) and the head's, on one node; an mp 1 model, or mp 2 across nodes, is as before."""
+    bundled = load_profile("perlmutter-a100-80gb")
+    tp = {**ENGINE, "tp_layer_forward": {**TP, "per_unit": 0.3},
+          "tp_layer_backward": {**TP, "per_unit": 0.2},
+          "tp_other_forward": {**TP, "per_unit": 0.5}}
+    base, coupled = _WithEngine(bundled, ENGINE), _WithEngine(bundled, tp)
+    # without the profile's step terms: its per-micro-batch engine time is not a part
+    b, c = (estimate(_decomp(write_yaml, "fp32", mp=2), x, terms=StepTerms()).stages[0]
+            for x in (base, coupled))
+    assert b.mp_allreduce > 0 and c.mp_allreduce == pytest.approx(b.mp_allreduce)
+    assert c.layer_forward == pytest.approx(1.3 * b.layer_forward, rel=1e-9)
+    assert c.layer_backward == pytest.approx(1.2 * b.layer_backward, rel=1e-9)
+    layers = 4 * c.layer_forward
+    assert c.forward - layers == pytest.approx(1.5 * (b.forward - 4 * b.layer_forward), rel=1e-9)
+    assert c.backward - 4 * c.layer_backward == pytest.approx(b.backward - 4 * b.layer_backward, rel=1e-9)
+    # mp 1: no tensor-parallel all-reduce, nothing added
+    one = [estimate(_decomp(write_yaml, "fp32"), x).iteration_seconds for x in (base, coupled)]
+    assert one[0] == pytest.approx(one[1], rel=1e-12)
+    # mp 2 with one GPU per node: its all-reduces cross nodes, not the group the pass measured
+    apart = [estimate(_decomp(write_yaml, "fp32", mp=2, gpus_per_node=1), x).iteration_seconds
+             for x in (base, coupled)]
+    assert apart[0] == pytest.approx(apart[1], rel=1e-12)

@@ -167,3 +167,59 @@ def test_a_line_with_a_negative_fixed_part_keeps_small_layers_at_their_lowest_me
     code = main(["check", path, "--gpus", "2", "--cluster", str(mine), "--vocab-size", "500", "--json"])
     data = json.loads(capsys.readouterr().out)
     assert code == 0 and data["prediction"]["iteration_seconds"] == pytest.approx(est.iteration_seconds)
+
+
+def test_tensor_parallel_terms_recover_a_known_coupling(tmp_path):
+    """The tensor-parallel pass's rows, built 30% (layers) and 10% (head and loss) slower than
+    their parts -- operators, the fitted residuals, their all-reduces as the profile prices
+    them --, give those ratios back, with every row agreeing (leave-one-out error ~0)."""
+    from neox_perf.calibration.engine import engine_keys, engine_label
+    from neox_perf.predictors.fitting.engine_fit import _engine_prediction
+    profile = load_profile("perlmutter-a100-80gb")
+    path = tmp_path / "engine.json"
+    _engine_json(path, profile)
+    data = json.loads(path.read_text())
+
+    def comm(calls):
+        return sum(profile.predict_collective(c.kind, c.elements, c.nodes, c.gpus_per_node).seconds
+                   * c.count for c in calls)
+    tp = {}
+    for d, l in ((128, 64), (256, 64), (256, 128)):
+        shape = (d, l, 1, "layernorm", "global", 256)
+        keys = engine_keys(shape, 2, mp=2)
+        p = _engine_prediction(profile, keys, 256, "fp32")
+        assert p["layer_forward_comm"] and p["other_forward_comm"]  # mp 2: all-reduces priced
+        lf = 1.3 * (1.2 * p["layer_forward"] + 1e-3 + comm(p["layer_forward_comm"]))
+        lb = 1.3 * (1.2 * p["layer_backward"] + 1e-3 + comm(p["layer_backward_comm"]))
+        of = 1.1 * (p["other_forward"] + 2e-3 + comm(p["other_forward_comm"]))
+        ob = 1.1 * (p["other_backward"] + 2e-3 + comm(p["other_backward_comm"]))
+        tp[engine_label(shape, 2)] = {
+            "keys": keys, "vocab": 256, "layers": 2, "model_parallel_size": 2, "processes": 2,
+            "precision": "fp32", "params": 1000, "tensors": 10, "layer_forward": 2 * lf,
+            "layer_backward": 2 * lb, "forward": 2 * lf + of, "backward": 2 * lb + ob}
+    path.write_text(json.dumps({**data, "tp": tp}))
+    terms, table = fit_engine(profile, path)
+    for name, ratio in (("tp_layer_forward", 1.3), ("tp_layer_backward", 1.3),
+                        ("tp_other_forward", 1.1), ("tp_other_backward", 1.1)):
+        t = terms[name]
+        # (the residuals under the parts are fitted, not given: within 0.1% of those built in)
+        assert 1 + t["per_unit"] == pytest.approx(ratio, rel=1e-3), name
+        assert t["processes"] == 2 and t["rows"] == 3 and t["loo_max"] < 1e-3
+        assert t["ratio_range"][0] == pytest.approx(ratio, rel=1e-3)
+    assert any(r.op == "engine tp_layer_forward" for r in table)
+
+    class NoAllReduce:  # a profile without all-reduce samples cannot price the parts
+        manifest = profile.manifest
+
+        def predict(self, *a, **k):
+            return profile.predict(*a, **k)
+
+        def predict_collective(self, *a, **k):
+            from neox_perf.errors import ProfileError
+            raise ProfileError("p", "profile p has no model for allreduce", "use another")
+    terms, table = fit_engine(NoAllReduce(), path)
+    assert not any(k.startswith("tp_") for k in terms) and "layer_forward" in terms
+    assert any("not fitted" in r.note for r in table if r.op.startswith("engine tp_"))
+    data.pop("tp", None)
+    path.write_text(json.dumps(data))
+    assert not any(k.startswith("tp_") for k in fit_engine(profile, path)[0])  # no pass: no terms
