@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -31,11 +30,9 @@ NEVER = "skip=1000000000,warmup=1,active=1,every=2,repeat=1"  # windows that nev
 
 
 def _dist(device: str = "cpu"):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from neox_perf.calibration.launch import free_port
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     import deepspeed
     deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
 
