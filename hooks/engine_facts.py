@@ -99,6 +99,7 @@ def facts(engine) -> Dict[str, Any]:
         out["layer_names"] = None
     out["stage_label"] = stage_label(out["stage"] or 0, out["stages"] or 1)
     out.update(tf32(out["device_type"], missing))  # what `report` prices an fp32 run's matmuls as
+    out.update(cpu_allocator(out["device_type"]))
     out["missing"] = missing
     return out
 
@@ -113,6 +114,21 @@ def tf32(device_type: str, missing: List[str]) -> Dict[str, Any]:
         cap = torch.cuda.get_device_capability() if device_type == "cuda" else None
         return tf32_state(device_type, cap)
     return _try(missing, "TF32 flags", read, {"tf32": None, "tf32_flags": "not read"})
+
+
+def cpu_allocator(device_type: str) -> Dict[str, Any]:
+    """{"cpu_allocator": "caching" | "glibc default" | None (not a CPU run), "cpu_allocator_env":
+    the glibc variables read}. A CPU rank under glibc's defaults gets fresh pages for every
+    tensor over the mmap threshold (at most 32 MiB) and pays their page faults each time; a
+    calibration recycles them, as a GPU's caching allocator does (calibration.launch.
+    CACHING_MALLOC_ENV), so `report` says when a CPU run did not."""
+    if device_type != "cpu":
+        return {"cpu_allocator": None}
+    from neox_perf.calibration.launch import CACHING_MALLOC_ENV
+    env = {k: os.environ.get(k) for k in CACHING_MALLOC_ENV}
+    caching = all(v is not None and v.isdigit() and int(v) >= int(CACHING_MALLOC_ENV[k])
+                  for k, v in env.items())
+    return {"cpu_allocator": "caching" if caching else "glibc default", "cpu_allocator_env": env}
 
 
 def _spec_name(spec) -> str:

@@ -128,7 +128,24 @@ def predict(record, facts, profile) -> Dict[str, Any]:
         differs = tf32_differs(profile, facts)
         if differs:
             out["notes"].append(differs)
+    allocator = cpu_allocator_note(facts)
+    if allocator:
+        out["notes"].append(allocator)
     return out
+
+
+def cpu_allocator_note(facts: Dict[str, Any]) -> str:
+    """One line where a hooked CPU run's ranks allocated with glibc's defaults (hooks/
+    engine_facts.cpu_allocator): every prediction assumes memory recycled as a GPU's caching
+    allocator (and a CPU calibration) recycles it; "" otherwise."""
+    if facts.get("cpu_allocator") != "glibc default":
+        return ""
+    from neox_perf.calibration.launch import CACHING_MALLOC_ENV
+    settings = " ".join(f"{k}={v}" for k, v in CACHING_MALLOC_ENV.items())
+    return ("CPU allocator: this run's ranks used glibc's defaults, so every tensor over its mmap "
+            "threshold (at most 32 MiB) was fresh pages and paid their page faults each time; the "
+            "prediction assumes memory recycled as a GPU's caching allocator and `neox-perf "
+            f"calibrate` recycle it. To compare like with like, launch with {settings}")
 
 
 def tf32_source(facts: Dict[str, Any]) -> str:

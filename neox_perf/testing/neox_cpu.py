@@ -27,7 +27,7 @@ from typing import Dict, List, Optional
 
 import yaml
 
-from neox_perf.calibration.launch import free_port, remove_shm_buffers
+from neox_perf.calibration.launch import CACHING_MALLOC_ENV, free_port, remove_shm_buffers
 from neox_perf.config.loader import load_files
 from neox_perf.errors import ConfigError
 
@@ -170,6 +170,11 @@ def _env(src: str, extra: Optional[dict] = None) -> dict:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH", "")) if p)
     env.update({SRC_ENV: src, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1",
                 "MASTER_PORT": str(free_port()), "PYTHONUNBUFFERED": "1"})
+    # NeoX's ranks recycle large tensors as calibrate's and validate's CPU processes do (and a
+    # GPU's caching allocator): without it each tensor over glibc's mmap threshold pays fresh
+    # page faults, which no prediction prices (the harness's six layouts: 4.5% against 6.3%
+    # mean error against the median iteration, docs/neox-harness.md sittings 12-13)
+    env.update(CACHING_MALLOC_ENV)
     env.update(extra or {})
     return env
 

@@ -90,3 +90,26 @@ def test_report_prices_the_run_as_it_ran():
     assert not older["fp32_matmuls"]["known"]
     assert older["iteration_seconds"] == pytest.approx(tf32["iteration_seconds"] if older["fp32_matmuls"]["matmuls"] == "tf32"
                                                        else ieee["iteration_seconds"])
+
+
+def test_a_cpu_run_says_how_its_ranks_allocated(monkeypatch):
+    """A CPU rank under glibc's defaults pays page faults on every large tensor, which no
+    prediction prices: the hook records the allocator and `report` says it in one line, with
+    the settings that compare like with like; a run with them, or on a GPU, gets no line."""
+    for name in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"):
+        monkeypatch.delenv(name, raising=False)
+    plain = engine_facts.cpu_allocator("cpu")
+    assert plain["cpu_allocator"] == "glibc default"
+    assert set(plain["cpu_allocator_env"]) == {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"}
+    line = prediction.cpu_allocator_note(plain)
+    assert line.startswith("CPU allocator:") and "\n" not in line
+    assert "MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=2147483647" in line
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")  # set, but below the heap's recycling
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "2147483647")
+    assert engine_facts.cpu_allocator("cpu")["cpu_allocator"] == "glibc default"
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "1073741824")
+    caching = engine_facts.cpu_allocator("cpu")
+    assert caching["cpu_allocator"] == "caching" and prediction.cpu_allocator_note(caching) == ""
+    assert engine_facts.cpu_allocator("cuda") == {"cpu_allocator": None}
+    assert prediction.cpu_allocator_note({"cpu_allocator": None}) == ""
+    assert prediction.cpu_allocator_note({}) == ""  # an older hook recorded nothing

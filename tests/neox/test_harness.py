@@ -81,3 +81,13 @@ def test_the_wrapper_imports_without_neox_or_torch():
     mod = importlib.import_module("neox_perf.hooks.neox_train")
     assert callable(mod.main)
     assert "megatron" not in sys.modules  # NeoX is imported only when it runs
+
+
+def test_neox_ranks_recycle_large_tensors_as_calibrate_does(monkeypatch):
+    """The harness launches NeoX with the CPU allocator settings calibrate and validate run
+    under (large tensors recycled from the heap, as a GPU's caching allocator does)."""
+    from neox_perf.calibration.launch import CACHING_MALLOC_ENV
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "4096")  # the harness's word wins
+    env = neox_cpu._env("/nowhere")
+    assert {k: env[k] for k in CACHING_MALLOC_ENV} == CACHING_MALLOC_ENV
+    assert env["OMP_NUM_THREADS"] == "1" and env["DS_ACCELERATOR"] == "cpu"
