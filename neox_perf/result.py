@@ -36,6 +36,9 @@ class CheckResult:
     # the flags of the user's command that shape the model (-d, --set, --vocab-size,
     # --gpus-per-node), shell-quoted: a command a verdict suggests carries them
     request_flags: str = ""
+    # --cluster as the user gave it (a bundled name, a profile directory, a description YAML):
+    # a command a verdict suggests repeats it
+    cluster_arg: Optional[str] = None
     command: str = "check"
     render_hint: str = "check_text"
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import shlex
+from typing import Optional
 
 from ..config import WorldRequest, build, load_files, raw_vocab
 from ..config.loader import apply_sets
@@ -30,7 +31,7 @@ def run_check(args) -> CheckResult:
     result = CheckResult(config=cfg, vocab=vocab, warnings=warnings, facts=facts,
                          profile_name=profile.name if profile is not None else None, profile=profile,
                          network=network_reading(profile) if profile is not None else None,
-                         request_flags=request_flags(args))
+                         request_flags=request_flags(args), cluster_arg=cluster_arg(args.cluster))
     if args.max_iteration_seconds is not None and profile is None:
         raise UsageError("--max-iteration-seconds needs --cluster to predict the iteration time")
     if any(v.level == "error" and v.code in _BLOCKING for v in verdicts):
@@ -76,11 +77,19 @@ def run_check(args) -> CheckResult:
         verdicts += hardware + checks.time_verdict(est.iteration_seconds, args.max_iteration_seconds)
         if hardware or advice.lost_share(est) >= advice.SEARCH_WHEN_LOST:
             found = advice.faster_layout(raw, cfg, profile, vocab.size, est.iteration_seconds, gpn)
-            slower = advice.faster_verdicts(found, cfg.files, args.cluster, result.request_flags)
+            slower = advice.faster_verdicts(found, cfg.files, result.cluster_arg, result.request_flags)
             if slower:
                 result.suggestion, verdicts = found, verdicts + slower
     result.verdicts = verdicts
     return result
+
+
+def cluster_arg(given: Optional[str]) -> Optional[str]:
+    """--cluster for a command a verdict suggests: a name as given (bundled, or under
+    $NEOX_PERF_HOME), a path made absolute so the command works from any directory."""
+    if given is None or not os.path.exists(given):
+        return given
+    return os.path.abspath(given)
 
 
 def request_flags(args) -> str:

@@ -16,12 +16,8 @@ def _s(x: float) -> str:
 
 
 def _cluster_arg(result) -> str:
-    """What --cluster took: a bundled name, or the path of the user's profile or description."""
-    from ..profile.directory import bundled_descriptions_dir, bundled_dir
-    path = getattr(result.profile, "path", None)
-    if path is None or path.resolve().parent in (bundled_dir().resolve(), bundled_descriptions_dir().resolve()):
-        return result.profile_name
-    return str(path)
+    """What --cluster took, as the user gave it (the check command records it)."""
+    return result.cluster_arg or result.profile_name
 
 
 def line(result) -> str:

@@ -134,3 +134,24 @@ def test_a_long_fix_on_the_command_line_is_plan_write():
     code, out, _ = run(argv)
     assert "paste after your config files" not in out and "--write best.yml" in out
     assert "--set train_micro_batch_size_per_gpu=16" in out  # one line: a --set with its value
+
+
+def test_a_suggested_command_repeats_the_cluster_as_the_user_gave_it(tmp_path, monkeypatch):
+    """--cluster NAME of the user's own profile (under $NEOX_PERF_HOME) comes back as that name,
+    a --cluster PATH as the same path made absolute (the command works from any directory):
+    what the check command was given, not a path the renderer guesses from the loaded profile."""
+    import shutil
+
+    from neox_perf.profile.directory import bundled_dir
+    home = tmp_path / "home"
+    shutil.copytree(bundled_dir() / "perlmutter-a100", home / "profiles" / "mine")
+    monkeypatch.setenv("NEOX_PERF_HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    argv = ["check", str(EXAMPLES / "llama-13b.yml"), "--gpus", "2", "--set", "pipe_parallel_size=1",
+            "--set", "model_parallel_size=2", "--set", "checkpoint_activations=false", "--set",
+            "zero_optimization.stage=0", "--set", "train_micro_batch_size_per_gpu=16", "--format", "line"]
+    for given, repeated in (("mine", "mine"), ("home/profiles/mine", str(home / "profiles" / "mine"))):
+        code, out, _ = run(argv + ["--cluster", given])
+        assert code == exitcodes.VERDICT_FAILED
+        fix = next(f for f in out.strip().split(" | ") if f.startswith("fits as: "))
+        assert f"--gpus 16 --cluster {repeated} --write best.yml" in fix, fix
