@@ -21,7 +21,7 @@ TP_SIZE (see _engine_for), the layers' column- and row-parallel GEMMs each rank'
 their all-reduces inside the layer, as NeoX's mpu places them. A tensor-parallel layer in
 training is not its operators plus its all-reduces priced apart: at every all-reduce the
 peers wait for each other, and each waits for the other's gloo threads on shared cores
-(predictors/fitting/engine_fit.py fits that as the tp_layer terms).
+(predictors/fitting/engine_fit.py fits that as the tp_ terms).
 """
 from __future__ import annotations
 
@@ -125,18 +125,21 @@ def run_engine(path: Path, device: str, progress=None, shapes=ENGINE_SHAPES,
         if progress is not None:
             progress(done[0], total, line)
 
-    extra = ["--shapes", json.dumps([list(s) for s in shapes])] if tuple(shapes) != ENGINE_SHAPES else []
+    extra = _shapes_arg(shapes)
     plain = _run_peers(path, device, nproc, extra, measured, zero=0)
     zero = _run_peers(path, device, nproc, extra, measured, zero=ZERO_STAGE)
     out = {"shapes": len(todo), "already_stored": before, "measured": plain, "processes": nproc,
            "zero": {"stage": ZERO_STAGE, "already_stored": before_zero, "measured": zero}}
     if tp_todo:
-        tp_extra = (["--shapes", json.dumps([list(s) for s in tp_shapes])]
-                    if tp_shapes != ENGINE_SHAPES else [])
-        tp = _run_peers(path, device, nproc, tp_extra, measured, zero=0, mp=TP_SIZE)
+        tp = _run_peers(path, device, nproc, _shapes_arg(tp_shapes), measured, zero=0, mp=TP_SIZE)
         out["tp"] = {"size": TP_SIZE, "shapes": len(tp_todo), "already_stored": before_tp,
                      "measured": tp}
     return out
+
+
+def _shapes_arg(shapes) -> List[str]:
+    """The worker's --shapes for a pass over ``shapes`` (none: the default ENGINE_SHAPES)."""
+    return [] if tuple(shapes) == ENGINE_SHAPES else ["--shapes", json.dumps([list(s) for s in shapes])]
 
 
 class _PortTaken(Exception):
@@ -293,7 +296,7 @@ def _engine_worker(path: Path, device: str, todo=ENGINE_SHAPES, peer: int = 0, p
             if zero:
                 row = _measure_zero(shape, layers, device, barrier, peers, zero)
             else:
-                # plain pass: each peer a world of one
+                # the plain pass's peers are each a world of one; the tensor-parallel pass's, one
                 row = _measure_engine(shape, layers, device, barrier, mp=mp,
                                       world=peers if mp > 1 else 1)
             if peer == 0:
@@ -327,7 +330,7 @@ def _engine_for(keys: dict, vocab: int, device: str, world: int):
     from .workload import dims
     from .workload.ds_config import build_ds_config
     from .workload.model import SequentialModel
-    from .workload.tensor_parallel import TPState, set_tp_state
+    from .workload.tensor_parallel import TPState, parallel_groups, set_tp_state
     from neox_perf.config import WorldRequest, build, load_files
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -338,16 +341,7 @@ def _engine_for(keys: dict, vocab: int, device: str, world: int):
     wc = dims.from_neox(cfg, vocab)
     mpu = None
     if wc.mp > 1:
-        from deepspeed.runtime.pipe.topology import (PipeModelDataParallelTopology,
-                                                     PipelineParallelGrid)
-
-        from .workload.tensor_parallel import ModelParallelUnit
-        grid = PipelineParallelGrid(topology=PipeModelDataParallelTopology(
-            num_pp=1, num_mp=wc.mp, num_dp=world // wc.mp))
-        mpu = ModelParallelUnit(grid)
-        set_tp_state(TPState(rank=grid.get_slice_parallel_rank(), world_size=wc.mp,
-                             group=grid.get_slice_parallel_group(),
-                             fp32_allreduce=wc.fp32_allreduce, init_device=str(dev)))
+        _, _, mpu = parallel_groups(1, wc.mp, world // wc.mp, wc.fp32_allreduce, str(dev))
     else:
         set_tp_state(TPState(init_device=str(dev)))
     model = SequentialModel(wc, 0).to(dev)

@@ -42,6 +42,19 @@ def tp() -> TPState:
     return _STATE
 
 
+def parallel_groups(num_pp: int, mp: int, dp: int, fp32_allreduce: bool, init_device: str):
+    """(topology, grid, mpu) of a pp x mp x dp layout as DeepSpeed builds them, with this
+    rank's tensor-parallel state set from the grid (the reference workload and the engine
+    calibration's tensor-parallel pass both start here)."""
+    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology, PipelineParallelGrid
+    topo = PipeModelDataParallelTopology(num_pp=num_pp, num_mp=mp, num_dp=dp)
+    grid = PipelineParallelGrid(topology=topo)
+    set_tp_state(TPState(rank=grid.get_slice_parallel_rank(), world_size=mp,
+                         group=grid.get_slice_parallel_group(), fp32_allreduce=fp32_allreduce,
+                         init_device=init_device))
+    return topo, grid, ModelParallelUnit(grid)
+
+
 def _all_reduce(x: torch.Tensor) -> torch.Tensor:
     st = _STATE
     if st.world_size == 1:

@@ -102,13 +102,12 @@ def run(args) -> dict:
     import deepspeed
     import torch
     import torch.distributed as dist
-    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology, PipelineParallelGrid
 
     from . import dims, layout
     from .data import SyntheticTokens
     from .ds_config import build_ds_config, run_precision
     from .model import GPT2ModelPipe, SequentialModel, cross_entropy
-    from .tensor_parallel import ModelParallelUnit, TPState, set_tp_state
+    from .tensor_parallel import parallel_groups
 
     device, backend = _setup_device()
     deepspeed.init_distributed(dist_backend=backend)
@@ -126,12 +125,7 @@ def run(args) -> dict:
         raise SystemExit(f"world size {world} is not divisible by pp {num_pp} x mp {mp}")
     dp = world // (num_pp * mp)
 
-    topo = PipeModelDataParallelTopology(num_pp=num_pp, num_mp=mp, num_dp=dp)
-    grid = PipelineParallelGrid(topology=topo)
-    mpu = ModelParallelUnit(grid)
-    set_tp_state(TPState(rank=grid.get_slice_parallel_rank(), world_size=mp,
-                         group=grid.get_slice_parallel_group(),
-                         fp32_allreduce=wc.fp32_allreduce, init_device=str(device)))
+    topo, grid, mpu = parallel_groups(num_pp, mp, dp, wc.fp32_allreduce, str(device))
     t = cfg.training
     ckpt_interval = t.checkpoint_num_layers if t.checkpoint_activations else 0
     n_ckpt = -(-wc.num_layers // t.checkpoint_num_layers)

@@ -224,6 +224,7 @@ def _stage_times(work: StageWork, cache: _Cache, engine: Optional[EngineTerms] =
     lf = cache.total(work.layer_forward)
     lb = cache.total(work.layer_backward)
     n = work.transformer_layers
+    head_f, head_b = cache.total(work.forward), cache.total(work.backward)
     extra_f = extra_b = 0.0
     optimizer, grad_sync = _update(work, cache, engine)
     if engine is not None:
@@ -234,16 +235,14 @@ def _stage_times(work: StageWork, cache: _Cache, engine: Optional[EngineTerms] =
         # tensor-parallel ranks meeting at their all-reduces (engine_fit's tensor-parallel pass)
         lf += engine.tensor_parallel("layer", "forward", lf, work.layer_forward)
         lb += engine.tensor_parallel("layer", "backward", lb, work.layer_backward)
-        extra_f += engine.tensor_parallel("other", "forward", cache.total(work.forward) + extra_f,
-                                          work.forward)
-        extra_b += engine.tensor_parallel("other", "backward", cache.total(work.backward) + extra_b,
-                                          work.backward)
+        extra_f += engine.tensor_parallel("other", "forward", head_f + extra_f, work.forward)
+        extra_b += engine.tensor_parallel("other", "backward", head_b + extra_b, work.backward)
         extra_b += engine.accumulate(work.params_per_rank, work.param_tensors)
     recompute = work.recompute_layers * lf
     # the engine's own per-micro-batch work (instructions, data, loss scaling) and per-step
     # bookkeeping, where the profile's step terms measured them
-    fwd = n * lf + cache.total(work.forward) + extra_f + cache.terms.per_micro_batch(pipeline_engine)
-    bwd = n * lb + recompute + cache.total(work.backward) + extra_b
+    fwd = n * lf + head_f + extra_f + cache.terms.per_micro_batch(pipeline_engine)
+    bwd = n * lb + recompute + head_b + extra_b
     optimizer += cache.terms.step_s
     mp = (n * (cache.comm(work.layer_forward, "mp_allreduce") + cache.comm(work.layer_backward, "mp_allreduce"))
           + work.recompute_layers * cache.comm(work.layer_forward, "mp_allreduce")
