@@ -169,9 +169,7 @@ def _leave_one_cluster_out(args, single_runs, single, multi_runs, multi, profile
         print(f"\n(no BLOOM runs: {exc}; no leave-one-cluster-out)")
         return None
     jz = load_cluster(args.bloom_cluster)
-    bloom = step_fit.prepare(bloom_runs, lambda r: devset.build_bloom_config(r, jz.facts.gpus_per_node),
-                             key=lambda r: (BLOOM, r.model) + r.layout, profile=jz,
-                             pipe_sends_mask=devset.PIPE_SENDS_MASK)
+    bloom = devset.bloom_cases(bloom_runs, jz)
     print(f"\n== leave one cluster out ==\n{len(bloom_runs)} timed BLOOM layouts (Jean Zay, "
           f"{len({r.model for r in bloom_runs})} candidate models, {len({r.date for r in bloom_runs})} days) "
           f"through {jz.name} ({jz.facts.gpu_name}, {jz.description.inter_node_Gbps:g} Gb/s per node)")

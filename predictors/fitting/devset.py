@@ -299,3 +299,13 @@ def _section(notes: str) -> str:
 def build_bloom_config(run: BloomRun, gpus_per_node: int):
     """(NeoxConfig, DerivedModel) of a BLOOM row, through the same path as a user's YAML."""
     return _built(run, gpus_per_node, "bloom row", run.row_id, run.vocab)
+
+
+def bloom_cases(runs: Sequence[BloomRun], profile):
+    """The rows as step_fit cases on a Jean Zay profile (a cluster description), keyed by model
+    and layout: what benchmarks/endtoend.py fits and predicts, benchmarks/bloom_rows.py and the
+    tests predict."""
+    from .step_fit import prepare
+    return prepare(runs, lambda r: build_bloom_config(r, profile.facts.gpus_per_node),
+                   key=lambda r: ("bloom", r.model) + r.layout, profile=profile,
+                   pipe_sends_mask=PIPE_SENDS_MASK)
