@@ -27,6 +27,14 @@ SWEEP_GPUS = ("8", "16", "128")
 SWEEP_CLUSTERS = (None, "perlmutter-a100", "perlmutter-a100-80gb", "vista-gh200")
 
 
+# A user's install has its bytecode: pip compiles it at install, and an editable install writes
+# it at the first import. An environment with PYTHONDONTWRITEBYTECODE set (some shells and
+# coding tools set it) would have every timed run compile neox_perf's ~80 modules again (0.2-0.4
+# s here), which is the environment's cost, not check's: the runs are timed without it, after
+# the untimed first run has written the bytecode.
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
 def _measure(cmd):
     """(wall seconds, CPU seconds) of one run: the wall clock is what the user waits; on a
     loaded machine it also measures the queue for a core, and the CPU time (user + system)
@@ -34,7 +42,7 @@ def _measure(cmd):
     import resource
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    subprocess.run(cmd, capture_output=True, check=False)
+    subprocess.run(cmd, capture_output=True, check=False, env=ENV)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -93,7 +101,7 @@ def main() -> int:
     if args.sweep:
         return sweep(args.runs, args.slowest)
     cmd = _command([args.config], args.gpus, args.cluster)
-    first = subprocess.run(cmd, capture_output=True, text=True)
+    first = subprocess.run(cmd, capture_output=True, text=True, env=ENV)  # writes the bytecode
     if first.returncode not in (0, 3):
         print(first.stderr, file=sys.stderr)
         return 1

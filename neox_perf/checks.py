@@ -72,11 +72,40 @@ def config_verdicts(cfg: NeoxConfig) -> List[Verdict]:
     if p.sequence_parallel and mp == 1:
         add("sequence_parallel_noop", "warning", "sequence_parallel has no effect with model_parallel_size 1",
             "sequence_parallel", "drop it or raise model_parallel_size")
+    aligned = _aligned_head_counts(m, mp, t.precision)
+    if aligned is not None:
+        others = " or ".join(str(a) for a in aligned) or "a head count"
+        add("head_dim_unaligned", "warning",
+            f"head dimension {m.head_dim} (hidden_size {m.hidden_size} / {m.num_attention_heads} "
+            f"heads) is not a multiple of 8: 16-bit tensor cores read 16-byte rows, so the "
+            f"attention matmuls run off their aligned kernels, which no operator sample shows "
+            f"(BigScience measured such BLOOM layouts 40% slower than 64 or 96 heads); the "
+            f"predicted time is likely short", "num_attention_heads",
+            f"use {others} heads (head dimension a multiple of 8)")
     if t.precision == "fp32":
         add("fp32_training", "warning", "neither fp16 nor bf16 is enabled: training runs in fp32",
             "fp16", "enable fp16 or bf16 unless fp32 is intended")
     from .refusals import config_refusals
     return out + config_refusals(cfg)
+
+
+def _aligned_head_counts(m, mp: int, precision: str) -> Optional[List[int]]:
+    """None when the head dimension is fine; else the two head counts nearest the config's whose
+    head dimension is a multiple of 8 (and that divide hidden_size and model parallelism).
+
+    Why 8: tensor cores take 16-bit operands in rows of 16 bytes (cuBLAS documentation, "Tensor
+    Core Usage"); the attention matmuls' inner dimension is the head dimension. BLOOM's layout
+    search on Jean Zay timed 13824 / 128 = 108 at 147.4 s where 64 and 96 heads ran 103.5 and
+    107.1 s (docs/cross-cluster.md). Flash attention pads the head dimension itself; fp32 runs no
+    16-bit kernel. A GQA config keeps its own head structure: no count is offered."""
+    if (m.hidden_size % m.num_attention_heads or m.head_dim % 8 == 0 or precision == "fp32"
+            or all(a == "flash" for a in m.attention_types)):
+        return None
+    if m.num_kv_heads != m.num_attention_heads:
+        return []
+    fits = [a for a in range(mp, m.hidden_size // 8 + 1, mp)
+            if m.hidden_size % a == 0 and (m.hidden_size // a) % 8 == 0]
+    return sorted(sorted(fits, key=lambda a: (abs(a - m.num_attention_heads), a))[:2])
 
 
 def derived_verdicts(cfg: NeoxConfig, derived) -> List[Verdict]:
