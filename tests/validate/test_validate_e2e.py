@@ -75,8 +75,11 @@ def test_the_error_is_bounded_on_both_sides(validated):
     assert 0.5 * r.measured_seconds <= split <= r.measured_median_seconds * (1 + 1e-9)
     # At this size an A100 step is host-bound: the dev-set terms' host issue time (about 80 us
     # per framework call) puts its prediction near what one CPU core per process measures,
-    # above or below it with the box's load. Bounded on both sides: within a factor of two.
-    assert -0.5 < r.error < 1.0
+    # above or below it with the box's load. Bounded on both sides. The low side allows the
+    # CPU run 3x the prediction: the median of 3 iterations on this 2-core box moved 0.025-0.035 s
+    # against a 0.019 s prediction in four quiet runs in a row, and reached 2.0x once in CI (a
+    # factor-two bound failed there on a change that moved no prediction).
+    assert -2 / 3 < r.error < 1.0
     # against the typical iteration, the fastest beside it
     assert r.error == pytest.approx(r.predicted_seconds / r.measured_median_seconds - 1.0)
     assert r.error_fastest == pytest.approx(r.predicted_seconds / r.measured_seconds - 1.0)
