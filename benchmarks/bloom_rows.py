@@ -20,11 +20,27 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def main(argv=None) -> int:
+def predicted_rows(runs, cluster: str):
+    """(profile, one dict per row: run, head_dim, predicted, signed error, extrapolated share,
+    share of the iteration in tensor-parallel all-reduces) under the description's own terms."""
     from neox_perf.predictors.fitting import devset
     from neox_perf.prediction.estimate import estimate
     from neox_perf.prediction.predict import load_cluster
     from neox_perf.prediction.step_terms import of_profile
+    jz = load_cluster(cluster)
+    terms, _ = of_profile(jz)
+    rows = []
+    for run, case in zip(runs, devset.bloom_cases(runs, jz)):
+        est = estimate(case.decomposition, jz, terms, events=False)
+        rows.append(dict(run=run, head_dim=run.hidden / run.heads, predicted=est.iteration_seconds,
+                         error=est.iteration_seconds / case.measured - 1.0,
+                         extrapolated=est.extrapolated_share,
+                         tp_share=est.breakdown["mp_allreduce"] / est.iteration_seconds))
+    return jz, rows
+
+
+def main(argv=None) -> int:
+    from neox_perf.predictors.fitting import devset
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cluster", default=str(REPO / "benchmarks" / "clusters" / "jean-zay-a100.yml"))
@@ -36,16 +52,7 @@ def main(argv=None) -> int:
     except FileNotFoundError as exc:
         print(f"no BLOOM rows: {exc}", file=sys.stderr)
         return 1
-    jz = load_cluster(args.cluster)
-    cases = devset.bloom_cases(runs, jz)
-    terms, _ = of_profile(jz)
-    rows = []
-    for run, case in zip(runs, cases):
-        est = estimate(case.decomposition, jz, terms, events=False)
-        rows.append(dict(run=run, head_dim=run.hidden / run.heads, predicted=est.iteration_seconds,
-                         error=est.iteration_seconds / case.measured - 1.0,
-                         extrapolated=est.extrapolated_share,
-                         tp_share=est.breakdown["mp_allreduce"] / est.iteration_seconds))
+    jz, rows = predicted_rows(runs, args.cluster)
     if args.rows:
         for r in sorted(rows, key=lambda r: r["error"]):
             run = r["run"]

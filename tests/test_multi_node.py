@@ -176,43 +176,31 @@ def test_the_bloom_layout_search_reads_as_neox_configs():
 JEAN_ZAY = REPO / "benchmarks" / "clusters"
 
 
-def _bloom_errors(description: str):
-    """(tensor-parallel degree, signed error) of every timed BLOOM row whose head dimension is a
-    multiple of 8, predicted through a Jean Zay description with the terms it inherits (vTrain's:
-    nothing of Jean Zay in them)."""
+def test_jean_zay_read_as_its_source_leaves_no_tensor_parallel_trend(benchmark_script):
+    """docs/cross-cluster.md: under the NVSwitch reading of Jean Zay's nodes (300 GB/s per GPU,
+    which no source states) the rows' error grows with the tensor-parallel degree, one-signed;
+    under the source's own words (4 NVLink links per GPU, 100 GB/s) it does not, and the level
+    sits within the issue's +-4% with terms fitted on the other cluster alone (the description
+    inherits vTrain's terms: nothing of Jean Zay in them). Rows whose head dimension is a
+    multiple of 8 (benchmarks/bloom_rows.py's predictions)."""
+    from statistics import mean
     try:
         runs = devset.load_bloom(timed_only=True)
     except FileNotFoundError:
         pytest.skip("../shared/data/bloom-jean-zay is not present")
-    from neox_perf.prediction.estimate import estimate
-    jz = load_cluster(str(JEAN_ZAY / description))
-    terms, _ = of_profile(jz)
-    out = []
-    for run, case in zip(runs, devset.bloom_cases(runs, jz)):
-        if (run.hidden // run.heads) % 8 == 0 and run.hidden % run.heads == 0:
-            est = estimate(case.decomposition, jz, terms, events=False)
-            out.append((run.tp, est.iteration_seconds / case.measured - 1.0))
-    return out
+    bloom_rows = benchmark_script("bloom_rows")
 
+    def errors(description):  # (tp, signed error) of the aligned rows
+        _, rows = bloom_rows.predicted_rows(runs, str(JEAN_ZAY / description))
+        return [(r["run"].tp, r["error"]) for r in rows if r["head_dim"] % 8 == 0]
 
-def _mean(values):
-    values = list(values)
-    return sum(values) / len(values)
-
-
-def test_jean_zay_read_as_its_source_leaves_no_tensor_parallel_trend():
-    """docs/cross-cluster.md: under the NVSwitch reading of Jean Zay's nodes (300 GB/s per GPU,
-    which no source states) the rows' error grows with the tensor-parallel degree, one-signed;
-    under the source's own words (4 NVLink links per GPU, 100 GB/s) it does not, and the level
-    sits within the issue's +-4% with terms fitted on the other cluster alone."""
-    read = _bloom_errors("jean-zay-a100.yml")
-    assumed = _bloom_errors("jean-zay-a100-nvswitch.yml")
+    read, assumed = errors("jean-zay-a100.yml"), errors("jean-zay-a100-nvswitch.yml")
     assert len(read) == len(assumed) == 96
 
-    def trend(errors):  # tp 8 rows against tp <= 2 rows, in points of signed error
-        return _mean(e for tp, e in errors if tp == 8) - _mean(e for tp, e in errors if tp <= 2)
+    def trend(errs):  # tp 8 rows against tp <= 2 rows, in points of signed error
+        return mean(e for tp, e in errs if tp == 8) - mean(e for tp, e in errs if tp <= 2)
 
     assert trend(assumed) < -0.08  # the missing intra-node cost, one-signed, growing with tp
     assert abs(trend(read)) < 0.04
-    assert abs(_mean(e for _, e in read)) < 0.04
-    assert _mean(e for _, e in assumed) < -0.10
+    assert abs(mean(e for _, e in read)) < 0.04
+    assert mean(e for _, e in assumed) < -0.10
