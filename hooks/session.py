@@ -59,7 +59,11 @@ class Session:
         # the hook's own time at iteration boundaries, outside profiling windows: what it costs
         # a run between windows (the wrappers' other work is a flag test)
         self._self_pending = 0.0
+        self._self_cpu_pending = 0.0
         self.self_seconds = 0.0
+        # the same time as the hook thread's own CPU work: on a shared or oversubscribed host a
+        # wall clock also counts the moments the scheduler gave the core to someone else
+        self.self_cpu_seconds = 0.0
         self.self_iterations = 0
 
     # ---- attaching -------------------------------------------------------------------
@@ -165,9 +169,10 @@ class Session:
                 from torch.autograd.profiler import record_function
                 self._iter_rf = record_function("neox_perf::iteration")
                 self._iter_rf.__enter__()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         self.guard("starting an iteration", go)
         self._self_pending = time.perf_counter() - t0
+        self._self_cpu_pending = time.thread_time() - c0
 
     def end_iteration(self, ok: bool = True) -> None:
         def go():
@@ -197,10 +202,11 @@ class Session:
                 self.write_summary()
             # a window's own iterations, and the step that opens the next one, are its cost
             return not profiled and not (self.windowed is not None and self.windowed.active)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         between_windows = self.guard("ending an iteration", go)
         if between_windows:
             self.self_seconds += self._self_pending + time.perf_counter() - t0
+            self.self_cpu_seconds += self._self_cpu_pending + time.thread_time() - c0
             self.self_iterations += 1
 
     @property
@@ -293,8 +299,11 @@ class Session:
             "facts": self.facts, "config": config, "dims": self.ctx.dims.__dict__,
             "iterations": self.clock.stats() if self.clock else None,
             "hook_self": {"iterations": self.self_iterations, "seconds": self.self_seconds,
+                          "cpu_seconds": self.self_cpu_seconds,
                           "per_iteration_seconds": (self.self_seconds / self.self_iterations
-                                                    if self.self_iterations else None)},
+                                                    if self.self_iterations else None),
+                          "per_iteration_cpu_seconds": (self.self_cpu_seconds / self.self_iterations
+                                                        if self.self_iterations else None)},
             "windows": self.window_meta, "window_iterations": t.iterations,
             "phases": {k: {"calls": v.calls, "seconds": v.seconds} for k, v in t.phases.items()},
             "ops": [{"op": op, "phase": ph, "features": dict(feats), "dtype": dt,

@@ -139,6 +139,8 @@ def run_calibrate(args, progress: Optional[Progress] = None,
                         quick=source == "quick")
     result.operators = {"points": summary.total, "measured": summary.measured,
                         "already_stored": summary.already_stored,
+                        # stored but marked disturbed by an earlier run: measured again
+                        "remeasured": summary.remeasured,
                         "failed": [{"point": p, "reason": r} for p, r in summary.failed],
                         "dtype": summary.dtype, "threads": summary.threads, "timer": summary.timer}
     result.seconds["operators"] = time.monotonic() - started

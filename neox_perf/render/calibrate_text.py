@@ -17,8 +17,9 @@ def _summary(result, console) -> None:
     console.print(f"[bold]Profile[/bold] {result.cluster} -> {result.profile_path}")
     console.print(f"store {result.store} (plan {result.plan}, {result.device}, {op.get('dtype')}, "
                   f"{op.get('threads')} thread(s))")
+    again = f"{op['remeasured']} measured again (marked disturbed), " if op.get("remeasured") else ""
     console.print(f"operators: {op.get('measured', 0)} measured, {op.get('already_stored', 0)} already stored, "
-                  f"{len(op.get('failed', []))} failed of {op.get('points', 0)} ({_secs(sec.get('operators', 0.0))})")
+                  f"{again}{len(op.get('failed', []))} failed of {op.get('points', 0)} ({_secs(sec.get('operators', 0.0))})")
     if "skipped" in coll:
         console.print(f"collectives: skipped ({coll['skipped']})")
     else:

@@ -71,7 +71,10 @@ def _render_report(r: dict, console) -> None:
     if hook.get("share") is not None:
         console.print(f"[dim]the hook's own time between profiling windows: "
                       f"{_s(hook['per_iteration_seconds'])} per iteration "
-                      f"({100 * hook['share']:.3f}% of the median)[/dim]")
+                      f"({100 * hook['share']:.3f}% of the median)"
+                      + (f", {_s(hook['per_iteration_cpu_seconds'])} of it its own CPU work"
+                         if hook.get("per_iteration_cpu_seconds") is not None else "")
+                      + "[/dim]")
     if it.get("interval_seconds"):
         lo, hi = it["interval_seconds"]
         console.print(f"80% interval of the prediction: {_s(lo)} .. {_s(hi)}")

@@ -50,7 +50,9 @@ def _iterations(run_dir: str, ranks: List[dict], notes: List[str]) -> Dict[str, 
                          "iterations": len(its), "profiled": sum(1 for _, _, p in its if p),
                          "min": min(plain) if plain else None,
                          "median": statistics.median(plain) if plain else None,
-                         "hook_seconds": (s.get("hook_self") or {}).get("per_iteration_seconds")})
+                         "hook_seconds": (s.get("hook_self") or {}).get("per_iteration_seconds"),
+                         "hook_cpu_seconds":
+                             (s.get("hook_self") or {}).get("per_iteration_cpu_seconds")})
         for i, sec, prof in its:
             series.setdefault(i, []).append((sec, prof))
     world = max(((s.get("facts") or {}).get("world_size") or 1) for s in ranks)
@@ -63,11 +65,15 @@ def _iterations(run_dir: str, ranks: List[dict], notes: List[str]) -> Dict[str, 
         notes.append(f"{len(ranks)} of {world} ranks wrote a summary here (on a multi-node job "
                      f"the run dir must be on a shared file system to see them all)")
     # the hook's own seconds per iteration between windows, on its costliest rank, and that as
-    # a share of the median iteration
+    # a share of the median iteration; by the wall clock (what the run paid, a scheduler's
+    # preemption included) and as the hook thread's CPU work (what its code costs)
     own = [r["hook_seconds"] for r in per_rank if r["hook_seconds"] is not None]
+    cpu = [r["hook_cpu_seconds"] for r in per_rank if r.get("hook_cpu_seconds") is not None]
     median = statistics.median(job) if job else None
     hook = {"per_iteration_seconds": max(own) if own else None,
-            "share": max(own) / median if own and median else None}
+            "share": max(own) / median if own and median else None,
+            "per_iteration_cpu_seconds": max(cpu) if cpu else None,
+            "cpu_share": max(cpu) / median if cpu and median else None}
     return {"count": len(series), "used": len(job), "min": min(job) if job else None,
             "median": median, "per_rank": per_rank, "hook_overhead": hook,
             "excluded": "the first iteration (warm-up) and iterations inside profiling windows"}

@@ -146,11 +146,15 @@ def test_report_predicted_vs_measured(hooked):
     assert m["count"] == ITERS and m["used"] == 2  # 1 and 11 (2: the live-bytes window)
     assert 0 < m["min"] <= m["median"]
     # the hook accounts for its own time at iteration boundaries between windows: there, and
-    # small -- under a millisecond per iteration (~0.1-0.3 ms on this 2-core box), so at most
-    # 1% of a step of 100 ms or more; this toy pipeline's step is ~18 ms, where that share
-    # would sit at the bound and fail on a busy moment, so its share is held to 5%
+    # small -- its own CPU work under a millisecond per iteration (~0.1-0.3 ms on this 2-core
+    # box), so at most 1% of a step of 100 ms or more; this toy pipeline's step is ~18 ms, where
+    # that share would sit at the bound, so it is held to 5%. The wall clock of the same
+    # moments counts the scheduler's too: two ranks on two cores under CI once put 3.1 ms
+    # there (a mean of 3 iterations), so it is held only to lie inside the iteration
     hook = m["hook_overhead"]
-    assert 0 < hook["per_iteration_seconds"] < 1e-3 and 0 < hook["share"] < 0.05
+    assert 0 < hook["per_iteration_cpu_seconds"] < 1e-3 and 0 < hook["cpu_share"] < 0.05
+    assert hook["per_iteration_cpu_seconds"] <= hook["per_iteration_seconds"] * 1.01
+    assert 0 < hook["per_iteration_seconds"] and 0 < hook["share"] < 1
     comp = {c["name"]: c for c in r["components"]}
     for name in ("stage 0 forward (per micro-batch)", "stage 1 backward (per micro-batch)",
                  "optimizer", "pp_p2p"):
