@@ -57,6 +57,34 @@ def rankings(groups: Sequence[Hashable], predicted: Sequence[float], measured: S
     return out
 
 
+def timing_noise(pairs: Sequence[Tuple[float, float]]) -> float:
+    """One timing's spread (sigma of log seconds) from layouts timed twice under one condition:
+    the root mean square of log(a / b) over the pairs, over sqrt 2 (each holds two timings). A
+    pair with the very same seconds is one timing quoted twice, not two, and is left out."""
+    logs = [np.log(a / b) for a, b in pairs if a > 0 and b > 0 and a != b]
+    if not logs:
+        raise ValueError("no layout timed twice: the timing noise is unknown")
+    return float(np.sqrt(np.mean(np.square(logs))) / np.sqrt(2.0))
+
+
+def rank_ceiling(measured: Sequence[float], sigma: float, draws: int = 4000,
+                 seed: int = 0) -> Dict[str, float]:
+    """What a perfect prediction's Spearman is when judged against timings with a spread of
+    ``sigma`` each: the measured times stand for the truth, each drawn again x exp(sigma z),
+    and ranked against the draw. Median and 10th percentile over ``draws``: a group whose data
+    cannot show 0.8 says so here."""
+    from scipy.stats import rankdata
+    m = np.asarray(measured, dtype=float)
+    rng = np.random.default_rng(seed)
+    noisy = m[None, :] * np.exp(sigma * rng.standard_normal((draws, m.size)))
+    ra = rankdata(m)
+    rb = np.apply_along_axis(rankdata, 1, noisy)
+    ra, rb = ra - ra.mean(), rb - rb.mean(axis=1, keepdims=True)
+    rho = (rb @ ra) / (np.sqrt((rb ** 2).sum(axis=1)) * np.sqrt((ra ** 2).sum()))
+    return {"median": float(np.median(rho)), "p10": float(np.percentile(rho, 10)),
+            "sigma": float(sigma), "draws": int(draws)}
+
+
 def without_each(terms: StepTerms, names: Sequence[str] = FITTED) -> Dict[str, StepTerms]:
     """The terms with each fitted one set back to its neutral value (StepTerms()), by name,
     for those that are not neutral already: a term is kept only if the cluster it was not

@@ -21,7 +21,8 @@ from validate_helpers import TINY_PLAN  # noqa: E402
 def _rows(path):
     conn = sqlite3.connect(path)
     try:
-        return conn.execute("SELECT id, op, phase, features, seconds, run_id FROM samples ORDER BY id").fetchall()
+        return conn.execute("SELECT id, op, phase, features, seconds, run_id, "
+                            "info LIKE '%\"disturbed\"%' FROM samples ORDER BY id").fetchall()
     finally:
         conn.close()
 
@@ -52,10 +53,14 @@ def test_sigkill_of_the_cli_then_rerun(tmp_path, home, sigkill_once):
     rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr
     payload = json.loads(rerun.stdout)
-    assert payload["operators"]["already_stored"] == len(before)
+    # what the killed run's disturbance watch marked (a busy moment on a shared box does it)
+    # is measured again on resume, in place; everything else it committed is kept as it was
+    kept = [r for r in before if not r[-1]]
+    assert payload["operators"]["already_stored"] == len(kept)
+    assert payload["operators"]["remeasured"] <= len(before) - len(kept)
     assert payload["operators"]["measured"] == total - len(before)
     after = _rows(store)
-    assert after[:len(before)] == before and len(after) == total
+    assert set(kept) <= set(after) and len(after) == total
     with SampleStore(store) as s:
         assert s.integrity_check() == "ok"
         assert len({(x.op, x.phase, tuple(sorted(x.features.items()))) for x in s.samples()}) == total

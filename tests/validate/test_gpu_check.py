@@ -111,7 +111,10 @@ def test_dry_run_walks_every_step_on_the_cpu(gpu_check, tmp_path):
     config = str(REPO / "benchmarks" / "gpu_check" / "a-pp1-fp16-flash-layernorm.yml")
     import os
     env, cwd = dict(os.environ), os.getcwd()
-    code = gpu_check.main(["--out", str(out), "--dry-run", "--work", str(tmp_path / "work"), config])
+    # the budget is the device's 8 minutes; here every step must run, and on a busy CPU box
+    # calibrate's watched steps may each wait for a quiet spell (step_watch.QUIET_WAIT_S) first
+    code = gpu_check.main(["--out", str(out), "--dry-run", "--work", str(tmp_path / "work"),
+                           "--budget-s", "3600", config])
     assert dict(os.environ) == env and os.getcwd() == cwd  # NEOX_PERF_HOME etc. were its own
     files = sorted(p.name for p in out.iterdir())
     assert files == ["gpu_check.json", "gpu_check.md"]
