@@ -204,3 +204,15 @@ def test_jean_zay_read_as_its_source_leaves_no_tensor_parallel_trend(benchmark_s
     assert abs(trend(read)) < 0.04
     assert abs(mean(e for _, e in read)) < 0.04
     assert mean(e for _, e in assumed) < -0.10
+
+
+def test_micro_batch_pairs_measure_the_move_from_mb_to_twice_mb(benchmark_script):
+    """benchmarks/micro_batch_pairs.py: two runs that differ only in micro-batch, the change of
+    signed error from the smaller to the doubled one, in points; nothing else pairs."""
+    from types import SimpleNamespace as Run
+    pairs = benchmark_script("micro_batch_pairs").pairs
+    rows = [(Run(micro_batch=2, tp=8), -0.04), (Run(micro_batch=4, tp=8), 0.06),
+            (Run(micro_batch=2, tp=4), 0.01), (Run(micro_batch=3, tp=4), 0.05),  # not a doubling
+            (Run(micro_batch=1, tp=1), 0.02)]  # alone
+    (found,) = pairs(rows, key=lambda r: r.tp)
+    assert found[:2] == (8, 2) and found[2] == pytest.approx(10.0)
