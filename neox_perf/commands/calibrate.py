@@ -210,58 +210,69 @@ class _Steps:
     def _run(self, name: str, fn, retime):
         if self.watch is None:
             return fn()
-        return self.watch.run(name, fn, retime)
+        again, scratch = retime
+        try:
+            return self.watch.run(name, fn, again)
+        finally:
+            # a re-run judged disturbed too is not committed: its scratch goes (a committed one
+            # was moved or merged away already)
+            _remove(scratch)
 
-    def _scratch(self, suffix: str) -> Path:
-        path = self.store.with_name(f"{self.store.stem}.retime{suffix}")
-        _remove(path)
-        return path
+    def _scratch(self, step: str, suffix: str) -> Path:
+        """Where ``step`` is run again: one name per step (the engine's and the tensor-parallel
+        results are both .json: one scratch name had let one step's leftover stand as the
+        other's)."""
+        return self.store.with_name(f"{self.store.stem}.retime-{step}{suffix}")
 
-    def _collectives_again(self, run_into):
+    def _collectives_again(self, step: str, run_into):
+        scratch = self._scratch(step, ".sqlite")
+
         def retime():
-            scratch = self._scratch(".sqlite")
+            _remove(scratch)
             run_into(scratch)
             return lambda: _merge_collectives(scratch, self.store)
-        return retime
+        return retime, scratch
 
     def plan_collectives(self, plan, source: str, progress):
         return self._run("collectives",
                          lambda: launch_plan_collectives(self.store, plan, source, self.nproc,
                                                          self.device, progress),
-                         self._collectives_again(lambda s: launch_plan_collectives(
+                         self._collectives_again("collectives", lambda s: launch_plan_collectives(
                              s, plan, source, self.nproc, self.device)))
 
     def target_collectives(self, sizes):
         return self._run("collectives at the --for sizes",
                          lambda: run_target_collectives(self.store, sizes, self.nproc, self.device),
-                         self._collectives_again(lambda s: run_target_collectives(
+                         self._collectives_again("target-collectives", lambda s: run_target_collectives(
                              s, sizes, self.nproc, self.device)))
 
     def buckets(self):
         return self._run("gradient-bucket collectives",
                          lambda: run_bucket_collectives(self.store, self.nproc, self.device),
-                         self._collectives_again(lambda s: run_bucket_collectives(
+                         self._collectives_again("buckets", lambda s: run_bucket_collectives(
                              s, self.nproc, self.device)))
 
-    def _file_again(self, final: Path, run_into):
+    def _file_again(self, step: str, final: Path, run_into):
+        scratch = self._scratch(step, final.suffix)
+
         def retime():
-            scratch = self._scratch(final.suffix)
+            _remove(scratch)
             run_into(scratch)
             return lambda: scratch.replace(final)
-        return retime
+        return retime, scratch
 
     def tensor_parallel(self):
         final = tp_path(self.store)
         return self._run("tensor-parallel all-reduce",
                          lambda: run_tp_benchmark(final, self.nproc, self.device),
-                         self._file_again(final, lambda s: run_tp_benchmark(s, self.nproc, self.device)))
+                         self._file_again("tp", final, lambda s: run_tp_benchmark(s, self.nproc, self.device)))
 
     def engine(self, progress, **kwargs):
         final = engine_path(self.store)
         return self._run("engine",
                          lambda: run_engine(final, self.device, progress, nproc=self.nproc, **kwargs),
-                         self._file_again(final, lambda s: run_engine(s, self.device, None,
-                                                                       nproc=self.nproc, **kwargs)))
+                         self._file_again("engine", final, lambda s: run_engine(s, self.device, None,
+                                                                                 nproc=self.nproc, **kwargs)))
 
 
 def _merge_collectives(scratch: Path, store: Path) -> None:

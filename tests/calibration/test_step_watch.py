@@ -8,6 +8,7 @@ The steps' verdicts come from the CPU time other processes used while the step r
 the calibration's CPUs for the first run of one step, then stop it. Unit tests drive StepWatch
 with a scripted clock."""
 import json
+from pathlib import Path
 import os
 import subprocess
 import sys
@@ -115,3 +116,30 @@ def test_the_watch_sees_a_real_process_beside_a_step(tmp_path):
     # or -- only if something else really shared the CPUs -- re-run or flagged, never silent
     assert not rec.why or rec.retimed or rec.still_disturbed
     json.dumps(watch.record())
+
+
+@pytest.mark.parametrize("shares, committed", [([0.30, 0.0, 0.25], False), ([0.30, 0.0, 0.001], True)])
+def test_a_rerun_leaves_no_scratch_behind_and_each_step_has_its_own(tmp_path, monkeypatch, shares, committed):
+    """calibrate's steps (commands/calibrate._Steps) run again into a scratch file: moved over the
+    first result when the re-run was quiet, removed when it was not. The engine's and the
+    tensor-parallel results are both .json: their scratch names differ (one name had let the
+    engine's uncommitted scratch stand where the tensor-parallel step's was checked)."""
+    from neox_perf.commands import calibrate as command
+    written = []
+
+    def writer(tag):
+        def run(path, *args, **kwargs):
+            written.append(Path(path).name)
+            Path(path).write_text(json.dumps({"from": tag, "n": len(written)}))
+        return run
+    monkeypatch.setattr(command, "run_tp_benchmark", writer("tp"))
+    monkeypatch.setattr(command, "run_engine", writer("engine"))
+    store = tmp_path / "s.sqlite"
+    steps = command._Steps(store, 2, "cpu", _watch(list(shares) * 2))
+    steps.tensor_parallel()
+    steps.engine(None)
+    first, again = written[0::2], written[1::2]
+    assert first == ["s.tp.json", "s.engine.json"] and len(set(again)) == 2  # a scratch each
+    assert not any((tmp_path / name).exists() for name in again)
+    for final, n in (("s.tp.json", 1), ("s.engine.json", 3)):
+        assert json.loads((tmp_path / final).read_text())["n"] == (n + 1 if committed else n)
