@@ -68,7 +68,7 @@ def _iterations(run_dir: str, ranks: List[dict], notes: List[str]) -> Dict[str, 
     # a share of the median iteration; by the wall clock (what the run paid, a scheduler's
     # preemption included) and as the hook thread's CPU work (what its code costs)
     own = [r["hook_seconds"] for r in per_rank if r["hook_seconds"] is not None]
-    cpu = [r["hook_cpu_seconds"] for r in per_rank if r.get("hook_cpu_seconds") is not None]
+    cpu = [r["hook_cpu_seconds"] for r in per_rank if r["hook_cpu_seconds"] is not None]
     median = statistics.median(job) if job else None
     hook = {"per_iteration_seconds": max(own) if own else None,
             "share": max(own) / median if own and median else None,

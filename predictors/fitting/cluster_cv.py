@@ -78,7 +78,7 @@ def rank_ceiling(measured: Sequence[float], sigma: float, draws: int = 4000,
     rng = np.random.default_rng(seed)
     noisy = m[None, :] * np.exp(sigma * rng.standard_normal((draws, m.size)))
     ra = rankdata(m)
-    rb = np.apply_along_axis(rankdata, 1, noisy)
+    rb = rankdata(noisy, axis=1)
     ra, rb = ra - ra.mean(), rb - rb.mean(axis=1, keepdims=True)
     rho = (rb @ ra) / (np.sqrt((rb ** 2).sum(axis=1)) * np.sqrt((ra ** 2).sum()))
     return {"median": float(np.median(rho)), "p10": float(np.percentile(rho, 10)),
