@@ -229,6 +229,17 @@ def _leave_one_cluster_out(args, single_runs, single, multi_runs, multi, profile
             print(f"{line}   (fitted on itself: MAPE {mine['mape']:.2f}%, signed {mine['mean_signed']:+.2f}%)")
         line, whole = cluster_cv.summary_line("  every run", measured, pred)
         print(line + f"   (plain operator sum: MAPE {step_fit.summary(measured, plain)['mape']:.2f}%)")
+        # by tensor-parallel width (every key ends in the layout (tp, dp, pp)): a level that
+        # holds on average can be two errors of opposite sign, one per term the other cluster
+        # could not tell apart (e.g. a per-launch host cost at tp 1 against a per-all-reduce
+        # wait at tp 4-8)
+        widths = np.array([c.key[-3] for c in h["cases"]])
+        by_tp = {}
+        for tp in sorted(set(widths.tolist())):
+            idx = widths == tp
+            by_tp[int(tp)] = step_fit.summary(measured[idx], pred[idx])
+        print("  by tensor-parallel width: " + ", ".join(
+            f"tp {tp} ({s['runs']}) {s['mape']:.1f}% / {s['mean_signed']:+.1f}%" for tp, s in by_tp.items()))
         ranks = cluster_cv.rankings(h["groups"], pred, measured)
         print("  ranking within a model and condition: " + _rank_line(ranks))
         ceilings = {}

@@ -29,7 +29,7 @@ What is measured:
 - Along the way: the points are grouped into windows of about ``interval`` seconds, each
   closed by a reading, so probing costs OVERHEAD of the operator step. A window is disturbed
   when the reading that closes it or the one that opened it is (its waits, as a slowdown,
-  beyond the threshold; its work beyond the baseline by more than the threshold while other
+  beyond the wait threshold, which the waits' own noise sets; its work beyond the baseline by more than the threshold while other
   processes kept more than the threshold's share of a core busy: Baseline.findings; another
   process on the GPU), or when the calibration thread waited on a run queue during the window
   for more than Baseline.window_wait_limit of it. Every point of a disturbed window is flagged
@@ -136,21 +136,33 @@ class Baseline:
                    statistics.median(waits) if waits else 0.0)
 
     @property
+    def wait_threshold(self) -> float:
+        """How much slowdown a reading's waits (its least waited run) may stand for before they
+        count: THRESHOLD_FLOOR, whatever the work's noise. At rest the least waited of a
+        reading's runs waits nothing (every reading of a quiet calibration here: 0.0), so a
+        wait is another task on the CPU, not noise; and a reference whose CPU time wanders
+        with the platform (17% over five start readings on this project's VM, nothing else
+        running) says nothing about how long it queues for a CPU: the work's threshold (34%
+        there) had let a neighbour take a quarter of the CPU unseen."""
+        return THRESHOLD_FLOOR
+
+    @property
     def window_wait_limit(self) -> float:
         """The share of a window the calibration may wait on the run queue before it counts:
-        the threshold's worth of slowdown (a share t / (1 + t)), or RANGE_FACTOR x the share the
-        start readings waited if more. A window's wait sums every blip (a kernel thread, a task
-        woken on this CPU for a millisecond) that a reading's least waited run leaves out; the
-        start says how many a quiet moment has. (At 1, never: the start itself waited half its
-        time, which its readings' least waited runs say.)"""
-        return min(1.0, max(self.threshold / (1.0 + self.threshold), RANGE_FACTOR * self.wait_noise))
+        the wait threshold's worth of slowdown (a share t / (1 + t)), or RANGE_FACTOR x the
+        share the start readings waited if more. A window's wait sums every blip (a kernel
+        thread, a task woken on this CPU for a millisecond) that a reading's least waited run
+        leaves out; the start says how many a quiet moment has. (At 1, never: the start itself
+        waited half its time, which its readings' least waited runs say.)"""
+        t = self.wait_threshold
+        return min(1.0, max(t / (1.0 + t), RANGE_FACTOR * self.wait_noise))
 
     def findings(self, reading: Reading, others: Optional[float] = None) -> Dict[str, Any]:
         """What in ``reading`` says the machine was disturbed (empty: nothing).
 
         "waited": the reading waited for a CPU (its least waited run) for longer than the
-        threshold's worth of slowdown: another task held the CPU; direct evidence, at rest it
-        is zero. "drift": its work beyond its time at rest by more than the threshold, counted
+        wait threshold's worth of slowdown: another task held the CPU; direct evidence, at rest
+        it is zero. "drift": its work beyond its time at rest by more than the threshold, counted
         only while other processes kept more than the threshold's share of a core busy
         (``others``, cores, over the window it closes): a slower reference with nothing else
         running is the platform's own noise (clocks, a hypervisor's other guests: on this
@@ -161,7 +173,7 @@ class Baseline:
         drift = self.drift(reading)
         if drift > self.threshold and others is not None and others > self.threshold:
             found.update(drift=drift, others_cores=others)
-        if wait_slowdown(reading.waited) > self.threshold:
+        if wait_slowdown(reading.waited) > self.wait_threshold:
             found["waited"] = reading.waited
         if reading.neighbours:
             found["gpu_neighbours"] = [{"pid": p, "memory_bytes": b} for p, b in reading.neighbours]
@@ -378,7 +390,8 @@ class Watch:
             "reference": self.probe.describe(), "loops": self.probe.loops,
             "runs_per_reading": RUNS, "threads": self.threads,
             "baseline": {"work": base.work, "noise": base.noise, "threshold": base.threshold,
-                         "wait_noise": base.wait_noise, "window_wait_limit": base.window_wait_limit,
+                         "wait_noise": base.wait_noise, "wait_threshold": base.wait_threshold,
+                         "window_wait_limit": base.window_wait_limit,
                          "range_factor": RANGE_FACTOR} if base else None,
             "start": [r.to_dict() for r in self.start],
             "readings": [r.to_dict() for r in self.readings if id(r) in kept],

@@ -7,15 +7,19 @@ only whether the company has left. A few minutes of company during the engine ru
 pipelined layout's prediction 10-12% high while the profile said it was clean.
 
 What is measured: the CPU time other processes used on this process's CPUs while the step ran
-(machine.CpuClock: /proc/stat's user, nice, system and steal time minus this process's and its
+(machine.CpuClock: /proc/stat's user, nice and system time minus this process's and its
 reaped children's -- the step's ranks are children, reaped before the step ends; irq and
 softirq time are left out, since the steps' own loopback traffic is received there), as a
 share of those CPUs' capacity. Every
 core is the step's, so another process's core-second is taken from it: a share ``s`` slows
 the step by about ``s`` (more where its ranks wait for each other). On a GPU node, also other
-processes holding a context on the GPU (NVML).
+processes holding a context on the GPU (NVML). Beside it, the steal: what the hypervisor took
+from those CPUs. It is recorded with the step, not judged: like the reference's drift it is
+the platform's, a re-run waits for the same hypervisor (on this project's VM a steady steal
+had every step re-run into the same share and the profile flagged), and the user cannot act
+on it; a neighbour process they can stop.
 
-The verdict: disturbed when that share is over STEP_LIMIT, a slowdown that could move a
+The verdict: disturbed when the processes' share is over STEP_LIMIT, a slowdown that could move a
 prediction by about as much as two calibrations of a quiet machine may differ (3%). A
 disturbed step is run again, once the machine has been quiet for QUIET_WINDOW_S (waiting at
 most QUIET_WAIT_S), into a scratch target; its result replaces the first only when the re-run
@@ -41,18 +45,24 @@ class StepRecord:
 
     step: str
     seconds: float = 0.0
-    others_share: Optional[float] = None  # the first run's
+    others_share: Optional[float] = None  # the first run's: other processes' share of the CPUs
+    steal_share: Optional[float] = None  # the first run's: the hypervisor's share (recorded only)
     gpu_neighbours: List[Dict[str, int]] = field(default_factory=list)
     retimed: bool = False  # run again and the re-run replaced the first
     retime_share: Optional[float] = None  # the re-run's others_share
+    retime_steal_share: Optional[float] = None
     still_disturbed: bool = False
     why: List[str] = field(default_factory=list)
 
     def to_dict(self) -> Dict[str, Any]:
         out = {"step": self.step, "seconds": round(self.seconds, 3), "others_share": self.others_share,
                "retimed": self.retimed, "still_disturbed": self.still_disturbed, "why": list(self.why)}
+        if self.steal_share is not None:
+            out["steal_share"] = self.steal_share
         if self.retime_share is not None:
             out["retime_share"] = self.retime_share
+        if self.retime_steal_share is not None:
+            out["retime_steal_share"] = self.retime_steal_share
         if self.gpu_neighbours:
             out["gpu_neighbours"] = list(self.gpu_neighbours)
         return out
@@ -72,6 +82,7 @@ class StepWatch:
         self.neighbours = neighbours
         self.limit, self.quiet_window, self.quiet_wait, self.sleep = limit, quiet_window, quiet_wait, sleep
         self.records: List[StepRecord] = []
+        self._steal: Optional[float] = None  # the last judged run's steal share
 
     @classmethod
     def for_device(cls, device: str) -> "StepWatch":
@@ -90,8 +101,11 @@ class StepWatch:
     def _judge(self, fn: Callable[[], Any]):
         start = self.clock.mark()
         out = fn()
-        others = self.clock.others_cores(start, self.clock.mark())
+        end = self.clock.mark()
+        others = self.clock.others_cores(start, end)
         share = None if others is None else others / self.cores
+        steal = self.clock.steal_cores(start, end)
+        self._steal = None if steal is None else steal / self.cores
         return out, share, list(self.neighbours() or [])
 
     def _why(self, share: Optional[float], neighbours) -> List[str]:
@@ -122,12 +136,12 @@ class StepWatch:
         that run and commit it if it was quiet. Returns ``fn``'s result."""
         started = time.monotonic()
         out, share, neighbours = self._judge(fn)
-        rec = StepRecord(step, others_share=share, gpu_neighbours=neighbours,
-                         why=self._why(share, neighbours))
+        rec = StepRecord(step, others_share=share, steal_share=self._steal,
+                         gpu_neighbours=neighbours, why=self._why(share, neighbours))
         if rec.why and retime is not None:
             if self.wait_quiet():
                 commit, share2, neighbours2 = self._judge(retime)
-                rec.retime_share = share2
+                rec.retime_share, rec.retime_steal_share = share2, self._steal
                 again = self._why(share2, neighbours2)
                 if not again:
                     commit()

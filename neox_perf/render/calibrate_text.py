@@ -72,9 +72,12 @@ def _steps(watched, console) -> None:
                           f"{s['step']} ({s['others_share']:.0%} of the CPUs, then "
                           f"{s.get('retime_share') or 0.0:.1%})" for s in again) + "[/dim]")
     shares = [s["others_share"] for s in steps if s.get("others_share") is not None]
+    steal = [s["steal_share"] for s in steps if s.get("steal_share") is not None]
+    # the hypervisor's share is the platform's (recorded, never re-run for): said beside
+    stolen = f"; the hypervisor's steal at most {max(steal):.1%}, recorded" if steal else ""
     if shares and not any(s.get("still_disturbed") for s in steps):
         console.print(f"[dim]{', '.join(s['step'] for s in steps)}: other processes took at most "
-                      f"{max(shares):.1%} of the CPUs (limit {watched['limit']:.0%})[/dim]")
+                      f"{max(shares):.1%} of the CPUs (limit {watched['limit']:.0%}){stolen}[/dim]")
 
 
 def render(result, console) -> None:

@@ -88,8 +88,10 @@ def test_the_threshold_is_the_start_readings_own_spread():
         base.judge(_reading(1.08), others=0.5)[0]
     # a slower reference with nothing else running is the platform's noise, not a neighbour
     assert base.judge(_reading(1.08)) == base.judge(_reading(1.08), others=0.05) == []
-    # waits count as the slowdown they cause: 5% of the time waiting is 5.3% longer
-    assert wait_slowdown(0.05) == pytest.approx(0.05 / 0.95) and base.judge(_reading(1.0, 0.05)) == []
+    # waits count as the slowdown they cause (5% of the time waiting is 5.3% longer), against
+    # their own threshold: 3%, not the work's 6%
+    assert wait_slowdown(0.05) == pytest.approx(0.05 / 0.95) and base.judge(_reading(1.0, 0.025)) == []
+    assert "held this CPU 5%" in base.judge(_reading(1.0, 0.05))[0]
     assert "held this CPU 10%" in base.judge(_reading(1.0, 0.10))[0]
     assert "pid 42 (2.0 GiB)" in base.judge(_reading(1.0, None, ((42, 2 * 2**30),)))[0]
     # a noisier start tolerates more; one slowed start reading does not
@@ -154,8 +156,28 @@ def test_a_window_counts_its_waits_against_the_blips_of_the_start():
         watch.window.started -= 3600
         watch.add("point")
         assert watch.close("after an hour").disturbed is disturbed
-    assert Baseline(1.0, 0.03, 0.06, 0.01).window_wait_limit == pytest.approx(0.06 / 1.06)
+    # the waits' own limit, whatever the work's noise (a 6% work threshold, waits still at 3%)
+    assert Baseline(1.0, 0.03, 0.06, 0.01).window_wait_limit == pytest.approx(0.03 / 1.03)
+    assert Baseline(1.0, 0.001, 0.03, 0.05).window_wait_limit == pytest.approx(0.10)  # blips at rest
     assert Baseline(1.0, 0.001, 0.002, 0.6).window_wait_limit == 1.0  # a start that waited: never
+
+
+def test_a_reference_whose_work_wanders_still_sees_a_neighbour_take_its_cpu():
+    # five start readings 17% apart in work (this VM's own drift, nothing else running):
+    # the work's threshold is 34%, the waits keep their own 3%
+    noisy = Baseline.of([_reading(w) for w in (1.0, 1.17, 0.95, 1.05, 1.3)])
+    assert noisy.threshold == pytest.approx(2 * 0.22 / 1.05) and noisy.wait_threshold == THRESHOLD_FLOOR
+    assert noisy.judge(_reading(1.3), others=0.5) == []  # drift within the work's own noise
+    assert "held this CPU 10%" in noisy.judge(_reading(1.0, 0.10))[0]  # a neighbour on the CPU
+    assert noisy.window_wait_limit == pytest.approx(THRESHOLD_FLOOR / (1 + THRESHOLD_FLOOR))
+    delay = FakeDelay()
+    probe = FakeProbe([(5.0, 0.0)] + [(w, 0.0) for w in (1.0, 1.17, 0.95, 1.05, 1.3)] + [(1.0, 0.0)] * 2)
+    watch = Watch(probe, delay=delay, cpu_clock=FakeCpu())
+    watch.begin()
+    delay.step = 0.25 * 3600  # an hour-long window that waited a quarter of its time
+    watch.window.started -= 3600
+    watch.add("point")
+    assert watch.close("after an hour").disturbed
 
 
 def test_waits_at_the_start_are_recorded_as_a_disturbance_from_the_start():
@@ -187,8 +209,8 @@ def test_the_process_columns_leave_interrupt_time_out(tmp_path, monkeypatch):
     stat.write_text("cpu  0 0 0 0 0 0 0 0\ncpu0 100 0 50 900 0 30 200 5\n")
     monkeypatch.setattr(machine, "PROC_STAT", str(stat))
     every = machine.CpuClock(frozenset({0})).mark().busy
-    processes = machine.CpuClock(frozenset({0}), columns=machine.PROCESS_COLUMNS).mark().busy
-    assert every == 100 + 50 + 30 + 200 + 5 and processes == 100 + 50 + 5
+    processes = machine.CpuClock(frozenset({0}), columns=machine.PROCESS_COLUMNS).mark()
+    assert every == 100 + 50 + 30 + 200 + 5 and processes.busy == 100 + 50 and processes.steal == 5
 
 
 def test_gpu_neighbours_through_nvml(monkeypatch):
@@ -292,6 +314,10 @@ def test_the_probe_benchmark_reads_a_busy_cpu(capsys, benchmark_script):
     out = json.loads(capsys.readouterr().out)
     assert {"work", "noise", "threshold"} <= set(out["baseline"]) and out["busy"]["readings"] == 2
     assert out["busy"]["waited"]["median"] > 0.3 and out["busy"]["disturbed"] == 2
+    # the steps' watch's view beside it: processes and steal apart (None where too short to tell)
+    view = out["busy"]["steps_view"]
+    assert view["cpus"] == len(affinity) and {"processes_share", "steal_share"} <= set(view)
+    assert out["baseline"]["wait_threshold"] == THRESHOLD_FLOOR
 
 
 def test_tight_start_readings_do_not_make_a_threshold_below_the_floor():

@@ -23,11 +23,12 @@ from calib_helpers import spinning  # noqa: E402
 
 
 class ScriptedClock:
-    """others_cores per judged span, in order; two cores."""
+    """others_cores per judged span, in order (and a steady steal); two cores."""
 
-    def __init__(self, shares):
+    def __init__(self, shares, steal=0.0):
         self.cpus = frozenset({0, 1})
         self.shares = list(shares)
+        self.steal = steal
         self.marks = 0
 
     def mark(self):
@@ -36,6 +37,9 @@ class ScriptedClock:
 
     def others_cores(self, start, end):
         return 2 * self.shares.pop(0)
+
+    def steal_cores(self, start, end):
+        return 2 * self.steal
 
 
 def _watch(shares):
@@ -47,6 +51,38 @@ def test_a_quiet_step_runs_once():
     assert watch.run("engine", lambda: calls.append("run") or 7, lambda: calls.append("again")) == 7
     assert calls == ["run"] and watch.disturbed == []
     assert watch.record()["steps"][0]["others_share"] == pytest.approx(0.001)
+
+
+def test_steal_is_recorded_beside_the_step_and_never_reruns_it():
+    # the hypervisor took 5% of both CPUs through the step (this VM's steal is steady): a re-run
+    # waits for the same hypervisor, so it is recorded, not judged; other processes' 0.1% is quiet
+    watch = StepWatch(cpu_clock=ScriptedClock([0.001], steal=0.05), sleep=lambda s: None, quiet_wait=10.0)
+    again = []
+    watch.run("engine", lambda: None, lambda: again.append(1))
+    rec = watch.record()["steps"][0]
+    assert again == [] and watch.disturbed == [] and rec["why"] == []
+    assert rec["steal_share"] == pytest.approx(0.05) and rec["others_share"] == pytest.approx(0.001)
+    from rich.console import Console
+    from neox_perf.render.calibrate_text import _steps
+    console = Console(record=True, width=240)
+    _steps(watch.record(), console)
+    said = console.export_text()
+    assert "other processes took at most 0.1% of the CPUs" in said and "steal at most 5.0%" in said
+
+
+def test_the_real_clock_reads_steal_apart_from_processes(tmp_path, monkeypatch):
+    # cpu0 and cpu1: user nice system idle iowait irq softirq steal; 2 s apart
+    stat = tmp_path / "stat"
+    monkeypatch.setattr(machine, "PROC_STAT", str(stat))
+    clock = machine.CpuClock(frozenset({0, 1}), columns=machine.PROCESS_COLUMNS)
+    t = machine.TICKS
+    stat.write_text("cpu  0 0 0 0 0 0 0 0\ncpu0 0 0 0 0 0 0 0 0\ncpu1 0 0 0 0 0 0 0 0\n")
+    start = clock.mark()
+    stat.write_text(f"cpu  0 0 0 0 0 0 0 0\ncpu0 {t} 0 0 0 0 {t} {t} {t // 10}\n"
+                    f"cpu1 0 0 0 0 0 0 0 {t // 10}\n")
+    end = machine.CpuMark(start.wall + 2.0, clock.mark().busy, start.own, clock.mark().steal)
+    assert clock.others_cores(start, end) == pytest.approx(0.5)  # user alone: 1 core-s in 2 s
+    assert clock.steal_cores(start, end) == pytest.approx(0.1)  # 0.2 core-s in 2 s
 
 
 def test_a_disturbed_step_is_run_again_and_the_quiet_rerun_replaces_it():
