@@ -29,8 +29,9 @@ What is measured:
 - Along the way: the points are grouped into windows of about ``interval`` seconds, each
   closed by a reading, so probing costs OVERHEAD of the operator step. A window is disturbed
   when the reading that closes it or the one that opened it is (its waits, as a slowdown,
-  beyond the wait threshold, which the waits' own noise sets; its work beyond the baseline by more than the threshold while other
-  processes kept more than the threshold's share of a core busy: Baseline.findings; another
+  beyond the waits' own threshold, whatever the work's noise; its work beyond the baseline by
+  more than the threshold while other processes kept more than the threshold's share of a
+  core busy: Baseline.findings; another
   process on the GPU), or when the calibration thread waited on a run queue during the window
   for more than Baseline.window_wait_limit of it. Every point of a disturbed window is flagged
   in the store.

@@ -38,8 +38,8 @@ _BUSY_COLUMNS = (0, 1, 2, 5, 6, 7)
 PROCESS_COLUMNS = (0, 1, 2)
 # Steal apart: the time the hypervisor ran something else on our virtual CPUs. It slows a step
 # as a neighbour does, but it is the platform's, as the reference's drift is: on this
-# project's VM it stays at a few percent of both CPUs with nothing else running
-# (docs/calibration-disturbance.md), so a step watched with it among the neighbours was re-run
+# project's VM it came and went between 0 and 5% of both CPUs with nothing else running
+# (docs/calibration-disturbance.md), and a step watched with it among the neighbours was re-run
 # for it, re-run into the same steal, and flagged.
 STEAL_COLUMN = 7
 MIN_TICKS = 100  # a shorter span is within a few ticks' rounding of any value: not reported
@@ -66,10 +66,6 @@ def allowed_cpus() -> FrozenSet[int]:
         return frozenset(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return frozenset(range(os.cpu_count() or 1))
-
-
-def _busy_ticks(cpus: FrozenSet[int], columns=_BUSY_COLUMNS) -> Optional[int]:
-    return _ticks(cpus, columns)[0]
 
 
 def _ticks(cpus: FrozenSet[int], columns=_BUSY_COLUMNS) -> Tuple[Optional[int], Optional[int]]:
