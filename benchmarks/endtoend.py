@@ -233,13 +233,8 @@ def _leave_one_cluster_out(args, single_runs, single, multi_runs, multi, profile
         # holds on average can be two errors of opposite sign, one per term the other cluster
         # could not tell apart (e.g. a per-launch host cost at tp 1 against a per-all-reduce
         # wait at tp 4-8)
-        widths = np.array([c.key[-3] for c in h["cases"]])
-        by_tp = {}
-        for tp in sorted(set(widths.tolist())):
-            idx = widths == tp
-            by_tp[int(tp)] = step_fit.summary(measured[idx], pred[idx])
-        print("  by tensor-parallel width: " + ", ".join(
-            f"tp {tp} ({s['runs']}) {s['mape']:.1f}% / {s['mean_signed']:+.1f}%" for tp, s in by_tp.items()))
+        _table(f"  {held} by tensor-parallel width, terms fitted on {other}:", h["cases"], pred,
+               key=lambda c: c.key[-3], label="tp")
         ranks = cluster_cv.rankings(h["groups"], pred, measured)
         print("  ranking within a model and condition: " + _rank_line(ranks))
         ceilings = {}

@@ -82,7 +82,6 @@ class StepWatch:
         self.neighbours = neighbours
         self.limit, self.quiet_window, self.quiet_wait, self.sleep = limit, quiet_window, quiet_wait, sleep
         self.records: List[StepRecord] = []
-        self._steal: Optional[float] = None  # the last judged run's steal share
 
     @classmethod
     def for_device(cls, device: str) -> "StepWatch":
@@ -105,8 +104,7 @@ class StepWatch:
         others = self.clock.others_cores(start, end)
         share = None if others is None else others / self.cores
         steal = self.clock.steal_cores(start, end)
-        self._steal = None if steal is None else steal / self.cores
-        return out, share, list(self.neighbours() or [])
+        return out, share, None if steal is None else steal / self.cores, list(self.neighbours() or [])
 
     def _why(self, share: Optional[float], neighbours) -> List[str]:
         why = []
@@ -135,13 +133,13 @@ class StepWatch:
         scratch target, returning the function that moves that result over the first -- judge
         that run and commit it if it was quiet. Returns ``fn``'s result."""
         started = time.monotonic()
-        out, share, neighbours = self._judge(fn)
-        rec = StepRecord(step, others_share=share, steal_share=self._steal,
+        out, share, steal, neighbours = self._judge(fn)
+        rec = StepRecord(step, others_share=share, steal_share=steal,
                          gpu_neighbours=neighbours, why=self._why(share, neighbours))
         if rec.why and retime is not None:
             if self.wait_quiet():
-                commit, share2, neighbours2 = self._judge(retime)
-                rec.retime_share, rec.retime_steal_share = share2, self._steal
+                commit, share2, steal2, neighbours2 = self._judge(retime)
+                rec.retime_share, rec.retime_steal_share = share2, steal2
                 again = self._why(share2, neighbours2)
                 if not again:
                     commit()
