@@ -53,7 +53,18 @@ ENGINE_SHAPES = (
     (1024, 512, 2, "rmsnorm", "global", 8192),
 )
 ENGINE_DEPTHS = (2,)  # layers per calibration model
-ENGINE_WARMUP, ENGINE_REPEATS = 2, 5
+ENGINE_WARMUP, ENGINE_REPEATS = 2, 3  # per sweep, after each sweep's fresh engine
+# Each shape is measured in ENGINE_SWEEPS sweeps over the shapes, the second in reverse order,
+# and its repeats pooled: a shape's repeats taken back to back share the machine's state of those
+# seconds. On this project's 2-core VM two calibrations 30 minutes apart measured single shapes
+# 20-26% apart with every one of that shape's five repeats on the same side (e.g. d512 l512 b2
+# layer forward 0.265-0.289 s in one, 0.203-0.261 s in the other), where the shapes' repeats
+# spread 5-15% within one calibration: the spread between calibrations came in blocks, which no
+# statistic over one block removes. Spread over the pass -- the reverse order puts every
+# shape's two sweeps on both sides of its middle -- each shape sees the same mix of the pass's
+# machine states, so the shapes' ratios (which the layer residuals interpolate between) no
+# longer carry one block's luck.
+ENGINE_SWEEPS = 2
 
 
 def engine_path(store: Path) -> Path:
@@ -92,7 +103,7 @@ TP_SIZE = 2  # the third pass: tensor-parallel groups of two (the smallest, and 
 # A tensor-parallel phase's repeats spread far wider than one rank's own (1.1-2x between the
 # fastest and slowest of five on this 2-core machine: the ranks wait for each other and for
 # gloo's threads): the pass takes more of them for its medians.
-TP_REPEATS = 11
+TP_REPEATS = 6  # per sweep (ENGINE_SWEEPS of them)
 
 
 def run_engine(path: Path, device: str, progress=None, shapes=ENGINE_SHAPES,
@@ -112,11 +123,15 @@ def run_engine(path: Path, device: str, progress=None, shapes=ENGINE_SHAPES,
     tp_shapes = tuple(s for s in shapes if tp_splits(s)) if nproc % TP_SIZE == 0 else ()
     tp_todo = [(s, n) for s in tp_shapes for n in ENGINE_DEPTHS]
     have, have_zero, have_tp = data.get("shapes", {}), data.get("zero", {}), data.get("tp", {})
-    before = sum(engine_label(s, n) in have for s, n in todo)
-    before_zero = sum(engine_label(s, n) in have_zero for s, n in todo)
-    before_tp = sum(engine_label(s, n) in have_tp for s, n in tp_todo)
-    done = [before + before_zero + before_tp]
-    total = 2 * len(todo) + len(tp_todo)
+
+    def stored(rows, todo_):  # (shapes complete, sweeps done) of one pass
+        swept = [sweeps_done(rows.get(engine_label(s, n))) for s, n in todo_]
+        return sum(k >= ENGINE_SWEEPS for k in swept), sum(swept)
+    (before, swept), (before_zero, swept_zero), (before_tp, swept_tp) = (
+        stored(have, todo), stored(have_zero, todo), stored(have_tp, tp_todo))
+    # progress counts shape-sweeps: each sweep of each shape is one event
+    done = [swept + swept_zero + swept_tp]
+    total = ENGINE_SWEEPS * (2 * len(todo) + len(tp_todo))
     if progress is not None:
         progress(done[0], total, "starting")
 
@@ -135,6 +150,37 @@ def run_engine(path: Path, device: str, progress=None, shapes=ENGINE_SHAPES,
         out["tp"] = {"size": TP_SIZE, "shapes": len(tp_todo), "already_stored": before_tp,
                      "measured": tp}
     return out
+
+
+def sweeps_done(row) -> int:
+    """How many of ENGINE_SWEEPS sweeps a stored shape's row holds (none stored: 0; a row
+    written before sweeps, with all its repeats in one block: complete, as it was)."""
+    if row is None:
+        return 0
+    return int(row.get("sweeps", ENGINE_SWEEPS))
+
+
+def sweep_plan(todo, done: Dict[str, int]) -> List[tuple]:
+    """The (sweep, shape, layers) a pass still measures, in order: ENGINE_SWEEPS sweeps over
+    ``todo``, every other one in reverse, each skipping what ``done`` (label: sweeps stored)
+    already holds. Every peer plans from the same file, read at the start (only peer 0 writes
+    it), so all of them measure the same shapes in the same order."""
+    plan = []
+    for sweep in range(ENGINE_SWEEPS):
+        for shape in (tuple(todo) if sweep % 2 == 0 else tuple(reversed(tuple(todo)))):
+            for layers in ENGINE_DEPTHS:
+                if done.get(engine_label(shape, layers), 0) <= sweep:
+                    plan.append((sweep, shape, layers))
+    return plan
+
+
+def pooled(old: Dict[str, object], new: Dict[str, object], zero: bool) -> Dict[str, object]:
+    """A shape's row after one more sweep: the sweeps' timed repeats together, and the row's
+    statistics over all of them (the fastest of the rank's own work; for the ZeRO pass's
+    collectives the median, as zero_statistics)."""
+    repeats = list(old["repeats"]) + list(new["repeats"])
+    stats = zero_statistics(repeats) if zero else {k: min(r[k] for r in repeats) for k in repeats[0]}
+    return {**new, **stats, "repeats": repeats, "sweeps": sweeps_done(old) + 1}
 
 
 def _shapes_arg(shapes) -> List[str]:
@@ -202,7 +248,7 @@ def _run_peers_once(path: Path, device: str, nproc: int, extra: List[str], measu
                 fh.write(line)
                 event = progress_event(line)
                 if event is not None and "measured" in event:
-                    count += 1
+                    count += bool(event.get("complete", True))  # shapes with every sweep
                     measured(str(event["measured"]))
         codes = [p.wait() for p in procs]
     finally:
@@ -288,24 +334,26 @@ def _engine_worker(path: Path, device: str, todo=ENGINE_SHAPES, peer: int = 0, p
     shapes = data.setdefault(section, {})
     data["device"] = device
     data["zero_processes" if zero else "tp_processes" if mp > 1 else "processes"] = peers
-    for shape in todo:
-        for layers in ENGINE_DEPTHS:
-            label = engine_label(shape, layers)
-            if label in shapes:  # every peer read the same file: the same shapes are left
-                continue
-            if zero:
-                row = _measure_zero(shape, layers, device, barrier, peers, zero)
-            else:
-                # the plain pass's peers are each a world of one; the tensor-parallel pass's, one
-                row = _measure_engine(shape, layers, device, barrier, mp=mp,
-                                      world=peers if mp > 1 else 1)
-            if peer == 0:
-                shapes[label] = row
-                tmp = path.with_suffix(".tmp")
-                tmp.write_text(json.dumps(data, indent=1))
-                os.replace(tmp, path)  # a kill loses at most the shape in flight
-                what = f"ZeRO-{zero} " if zero else f"mp {mp} " if mp > 1 else ""
-                print(progress_line(measured=f"{what}{label}"), flush=True)
+    # every peer read the same file: the same sweeps are left for all of them (decided on what
+    # the file held at the start, which only peer 0 rewrites)
+    plan = sweep_plan(todo, {label: sweeps_done(row) for label, row in shapes.items()})
+    for sweep, shape, layers in plan:
+        label = engine_label(shape, layers)
+        if zero:
+            row = _measure_zero(shape, layers, device, barrier, peers, zero)
+        else:
+            # the plain pass's peers are each a world of one; the tensor-parallel pass's, one
+            row = _measure_engine(shape, layers, device, barrier, mp=mp,
+                                  world=peers if mp > 1 else 1)
+        if peer == 0:
+            old = shapes.get(label)
+            shapes[label] = {**row, "sweeps": 1} if old is None else pooled(old, row, bool(zero))
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(data, indent=1))
+            os.replace(tmp, path)  # a kill loses at most the shape-sweep in flight
+            what = f"ZeRO-{zero} " if zero else f"mp {mp} " if mp > 1 else ""
+            print(progress_line(measured=f"{what}{label}", sweep=sweep + 1,
+                                complete=shapes[label]["sweeps"] >= ENGINE_SWEEPS), flush=True)
     barrier.close()
     import torch.distributed as dist
     if dist.is_initialized():

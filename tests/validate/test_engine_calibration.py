@@ -29,7 +29,7 @@ def test_engine_worker_measures_and_resumes(tmp_path):
     for key in ("forward", "layer_forward", "backward", "layer_backward", "step", "flatten", "accumulate"):
         assert row[key] > 0, key
     assert row["layer_forward"] < row["forward"] and row["layer_backward"] < row["backward"]
-    assert seen[-1][0] == seen[-1][1] == 3
+    assert seen[-1][0] == seen[-1][1] == 3 * engine.ENGINE_SWEEPS  # each pass's shape, each sweep
     assert json.loads(path.read_text())["processes"] == 2
     # the ZeRO pass: the two processes were one data-parallel group of a ZeRO-1 engine
     zero = next(iter(json.loads(path.read_text())["zero"].values()))
@@ -48,7 +48,11 @@ def test_engine_worker_measures_and_resumes(tmp_path):
     for key in ("forward", "layer_forward", "backward", "layer_backward", "allreduce_forward",
                 "allreduce_backward"):
         assert tp[key] > 0, key
-    assert len(tp["repeats"]) == engine.TP_REPEATS and len(row["repeats"]) == engine.ENGINE_REPEATS
+    # every sweep's repeats pooled, the row's statistics over all of them
+    assert tp["sweeps"] == row["sweeps"] == zero["sweeps"] == engine.ENGINE_SWEEPS
+    assert len(tp["repeats"]) == engine.ENGINE_SWEEPS * engine.TP_REPEATS
+    assert len(row["repeats"]) == len(zero["repeats"]) == engine.ENGINE_SWEEPS * engine.ENGINE_REPEATS
+    assert row["layer_forward"] == min(r["layer_forward"] for r in row["repeats"])
     again = run_engine(path, "cpu", shapes=(TINY_SHAPE,), nproc=2)
     assert again["measured"] == 0 and again["zero"]["measured"] == 0 and again["tp"]["measured"] == 0
 
@@ -93,3 +97,34 @@ def test_a_port_taken_before_the_rendezvous_is_retried(monkeypatch, tmp_path):
     with pytest.raises(engine.CalibrationFailed, match="EADDRINUSE"):
         engine._run_peers(tmp_path / "e.json", "cpu", 2, [], None, zero=0)
     assert calls == [False, False, True]  # three attempts, the last one reports
+
+
+def test_a_shape_is_measured_in_sweeps_the_second_reversed():
+    """Each shape's repeats come from ENGINE_SWEEPS sweeps over the shapes, every other one in
+    reverse, so no shape's repeats all share one stretch of the machine's state; a resumed pass
+    measures only the sweeps its file lacks (a row from before sweeps counts as complete)."""
+    a, b, c = ((128 * k, 32, 1, "layernorm", "global", 256) for k in (1, 2, 3))
+    label = lambda s: engine.engine_label(s, engine.ENGINE_DEPTHS[0])
+    plan = engine.sweep_plan((a, b, c), {})
+    assert engine.ENGINE_SWEEPS == 2 and [(k, s) for k, s, _ in plan] == \
+        [(0, a), (0, b), (0, c), (1, c), (1, b), (1, a)]
+    # killed after the first sweep of a and b: their second sweeps and c's two are left
+    resumed = engine.sweep_plan((a, b, c), {label(a): 1, label(b): 1})
+    assert [(k, s) for k, s, _ in resumed] == [(0, c), (1, c), (1, b), (1, a)]
+    assert engine.sweeps_done(None) == 0 and engine.sweeps_done({"repeats": []}) == engine.ENGINE_SWEEPS
+    assert engine.sweep_plan((a,), {label(a): engine.sweeps_done({"repeats": []})}) == []
+
+
+def test_a_second_sweep_pools_its_repeats_into_the_row():
+    first = {"forward": 0.9, "accumulate": 0.1, "params": 10, "sweeps": 1,
+             "repeats": [{"forward": 0.9, "accumulate": 0.2}, {"forward": 1.0, "accumulate": 0.1}]}
+    second = {"forward": 0.7, "accumulate": 0.3, "params": 10,
+              "repeats": [{"forward": 0.7, "accumulate": 0.3}, {"forward": 0.8, "accumulate": 0.4}]}
+    row = engine.pooled(first, second, zero=False)
+    assert row["sweeps"] == 2 and len(row["repeats"]) == 4
+    assert row["forward"] == 0.7 and row["accumulate"] == 0.1  # the fastest over both sweeps
+    zero_a = {"sweeps": 1, "repeats": [{"reduce": 1.0, "allreduce": 0.5, "step": 1.0, "allgather": 0.2}]}
+    zero_b = {"repeats": [{"reduce": 0.8, "allreduce": 0.9, "step": 0.9, "allgather": 0.4},
+                          {"reduce": 0.9, "allreduce": 0.7, "step": 1.1, "allgather": 0.3}]}
+    z = engine.pooled(zero_a, zero_b, zero=True)
+    assert z["reduce"] == 0.8 and z["allreduce"] == 0.7 and z["allreduce_best"] == 0.5  # median, fastest
