@@ -26,6 +26,7 @@ peers wait for each other, and each waits for the other's gloo threads on shared
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -150,6 +151,64 @@ def run_engine(path: Path, device: str, progress=None, shapes=ENGINE_SHAPES,
         out["tp"] = {"size": TP_SIZE, "shapes": len(tp_todo), "already_stored": before_tp,
                      "measured": tp}
     return out
+
+
+# A pass whose second sweep ran slower (or faster) than its first across its shapes: the machine's
+# speed moved for as long as a sweep, which pooling the two halves cannot average away and the
+# step watch (other processes' CPU, steal) does not see. Flagged where the shift, the median
+# over shapes of log(sweep 2 / sweep 1) of a shape's whole phases, is both beyond SHIFT_LIMIT
+# -- pooled, it moves the row's median by up to half of it, past the reproducibility bar of 3%
+# -- and beyond SHIFT_Z standard errors of that median (the shapes' own scatter, robust: MAD).
+# On 2026-12-02 one calibration's tensor-parallel pass shifted +11.4% (z 2.7) and put its mp 2
+# layouts 12-22% over their launches; the five other passes of that day's two calibrations
+# shifted -4.0% to +1.5%, and a ZeRO pass -12.4% at z 1.2 (its collectives' scatter).
+SHIFT_LIMIT, SHIFT_Z = 0.06, 2.5
+_SWEEP_PHASES = {"shapes": ("forward", "backward"), "tp": ("forward", "backward"),
+                 "zero": ("reduce", "step")}
+_PASS_NAMES = {"shapes": "plain", "tp": "tensor-parallel", "zero": "ZeRO"}
+
+
+def sweep_shifts(data: Dict[str, object]) -> Dict[str, Dict[str, float]]:
+    """Per pass of an engine file: the shift between its two sweeps (log of sweep 2 over sweep 1,
+    the median over its shapes of each shape's median repeat), its standard error, and how many
+    shapes. Passes with fewer than 3 shapes measured in both sweeps are left out."""
+    out = {}
+    for section, keys in _SWEEP_PHASES.items():
+        logs = []
+        for row in (data.get(section) or {}).values():
+            repeats, sweeps = row.get("repeats") or (), int(row.get("sweeps", 1))
+            if sweeps < 2 or len(repeats) < 2:
+                continue
+            n = len(repeats) // sweeps
+            totals = [sum(float(r[k]) for k in keys) for r in repeats]
+            first, second = statistics.median(totals[:n]), statistics.median(totals[n:2 * n])
+            if first > 0 and second > 0:
+                logs.append(math.log(second / first))
+        if len(logs) < 3:
+            continue
+        mid = statistics.median(logs)
+        mad = statistics.median(abs(x - mid) for x in logs)
+        # the median's standard error from a robust sigma (1.4826 MAD) at its 1.2533 efficiency
+        se = 1.4826 * mad * 1.2533 / math.sqrt(len(logs))
+        out[section] = {"shift": mid, "se": se, "shapes": len(logs)}
+    return out
+
+
+def sweep_findings(path: Path) -> List[str]:
+    """One line per pass of the engine file at ``path`` whose sweeps disagree (SHIFT_LIMIT and
+    SHIFT_Z): what the step watch's record of the engine step carries as its reason."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return []
+    lines = []
+    for section, s in sweep_shifts(data).items():
+        shift = s["shift"]
+        if abs(shift) > SHIFT_LIMIT and abs(shift) > SHIFT_Z * s["se"]:
+            lines.append(f"its {_PASS_NAMES[section]} pass ran {math.exp(shift) - 1:+.0%} in its second "
+                         f"sweep against its first across {s['shapes']} shapes (the machine's speed "
+                         f"moved for a whole sweep; limit {SHIFT_LIMIT:.0%})")
+    return lines
 
 
 def sweeps_done(row) -> int:

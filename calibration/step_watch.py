@@ -153,6 +153,16 @@ class StepWatch:
         self.records.append(rec)
         return out
 
+    def flag(self, step: str, reasons: List[str]) -> None:
+        """Mark the last run of ``step`` disturbed for ``reasons`` found in its result (a
+        disturbance the CPU shares cannot see: engine.sweep_findings). Not re-run: the reasons
+        say what a quiet calibration would have to measure again."""
+        rec = next((r for r in reversed(self.records) if r.step == step), None)
+        if rec is None or not reasons:
+            return
+        rec.why += list(reasons)
+        rec.still_disturbed = True
+
     @property
     def disturbed(self) -> List[StepRecord]:
         return [r for r in self.records if r.still_disturbed]

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 from .. import exitcodes
-from ..calibration.engine import engine_path, run_engine
+from ..calibration.engine import engine_path, run_engine, sweep_findings
 from ..calibration.launch import (ENGINE_LIBRARIES, FIT_LIBRARIES, MEASURE_LIBRARIES,
                                   CalibrationFailed, default_processes, launch, progress_event,
                                   rank_env, require_libraries, use_caching_malloc)
@@ -269,10 +269,14 @@ class _Steps:
 
     def engine(self, progress, **kwargs):
         final = engine_path(self.store)
-        return self._run("engine",
-                         lambda: run_engine(final, self.device, progress, nproc=self.nproc, **kwargs),
-                         self._file_again("engine", final, lambda s: run_engine(s, self.device, None,
-                                                                                 nproc=self.nproc, **kwargs)))
+        out = self._run("engine",
+                        lambda: run_engine(final, self.device, progress, nproc=self.nproc, **kwargs),
+                        self._file_again("engine", final, lambda s: run_engine(s, self.device, None,
+                                                                                nproc=self.nproc, **kwargs)))
+        if self.watch is not None:
+            # a pass whose two sweeps disagree: the machine slowed for a whole sweep
+            self.watch.flag("engine", sweep_findings(final))
+        return out
 
 
 def _merge_collectives(scratch: Path, store: Path) -> None:

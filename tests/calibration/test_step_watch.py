@@ -179,3 +179,32 @@ def test_a_rerun_leaves_no_scratch_behind_and_each_step_has_its_own(tmp_path, mo
     assert not any((tmp_path / name).exists() for name in again)
     for final, n in (("s.tp.json", 1), ("s.engine.json", 3)):
         assert json.loads((tmp_path / final).read_text())["n"] == (n + 1 if committed else n)
+
+
+def test_a_step_flagged_after_it_ran_is_disturbed_and_says_why():
+    """What the CPU shares cannot see but the step's own result shows (the engine step's sweeps
+    disagreeing: engine.sweep_findings) marks the step's record disturbed, with the reason."""
+    from neox_perf.calibration.step_watch import StepWatch
+
+    class Clock:
+        cpus = (0, 1)
+
+        def mark(self):
+            return 0
+
+        def others_cores(self, a, b):
+            return 0.0
+
+        def steal_cores(self, a, b):
+            return 0.0
+
+    watch = StepWatch(cpu_clock=Clock(), sleep=lambda s: None)
+    watch.run("engine", lambda: None)
+    assert watch.disturbed == []
+    watch.flag("engine", [])
+    assert watch.disturbed == []
+    watch.flag("engine", ["its tensor-parallel pass ran +12% in its second sweep"])
+    watch.flag("no such step", ["ignored"])
+    assert [r.step for r in watch.disturbed] == ["engine"]
+    assert watch.record()["steps"][0]["why"] == ["its tensor-parallel pass ran +12% in its second sweep"]
+    assert watch.record()["still_disturbed"] == ["engine"]

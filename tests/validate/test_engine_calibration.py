@@ -128,3 +128,37 @@ def test_a_second_sweep_pools_its_repeats_into_the_row():
                           {"reduce": 0.9, "allreduce": 0.7, "step": 1.1, "allgather": 0.3}]}
     z = engine.pooled(zero_a, zero_b, zero=True)
     assert z["reduce"] == 0.8 and z["allreduce"] == 0.7 and z["allreduce_best"] == 0.5  # median, fastest
+
+
+def _swept(rows_by_shape, keys=("forward", "backward")):
+    """An engine file's pass from per-shape (sweep 1 totals, sweep 2 totals)."""
+    out = {}
+    for i, (one, two) in enumerate(rows_by_shape):
+        repeats = [{keys[0]: t / 2, keys[1]: t / 2} for t in (*one, *two)]
+        out[f"shape {i}"] = {"sweeps": 2, "repeats": repeats}
+    return out
+
+
+def test_a_pass_whose_second_sweep_ran_slow_is_found():
+    """The machine slowing for a whole sweep moves every shape's second half the same way: that
+    pass is named, with its shift; shapes that scatter both ways, or a shift under the limit, are
+    not (the tensor-parallel pass of 2026-12-02's first calibration shifted +11.4%)."""
+    import math
+    slow = [((1.0, 1.02, 0.98), ((1.14, 1.15, 1.16)[k % 3],) * 3) for k in range(6)]
+    scattered = [((1.0, 1.0, 1.0), ((1.3,) * 3 if k % 2 else (0.75,) * 3)) for k in range(6)]
+    small = [((1.0, 1.0, 1.0), (1.04, 1.04, 1.04)) for _ in range(6)]
+    data = {"tp": _swept(slow), "shapes": _swept(scattered),
+            "zero": _swept(small, keys=("reduce", "step"))}
+    shifts = engine.sweep_shifts(data)
+    assert abs(shifts["tp"]["shift"] - math.log(1.15)) < 1e-9 and shifts["tp"]["shapes"] == 6
+    assert abs(shifts["zero"]["shift"] - math.log(1.04)) < 1e-9
+    import tempfile
+    from pathlib import Path
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "engine.json"
+        path.write_text(json.dumps(data))
+        found = engine.sweep_findings(path)
+        assert len(found) == 1 and found[0].startswith("its tensor-parallel pass ran +15% in its second sweep")
+        assert engine.sweep_findings(Path(tmp) / "missing.json") == []
+    # one sweep (a store from before the sweeps): nothing to compare
+    assert engine.sweep_shifts({"tp": {k: {**v, "sweeps": 1} for k, v in _swept(slow).items()}}) == {}
