@@ -238,7 +238,7 @@ def pooled(old: Dict[str, object], new: Dict[str, object], zero: bool) -> Dict[s
     statistics over all of them (the fastest of the rank's own work; for the ZeRO pass's
     collectives the median, as zero_statistics)."""
     repeats = list(old["repeats"]) + list(new["repeats"])
-    stats = zero_statistics(repeats) if zero else {k: min(r[k] for r in repeats) for k in repeats[0]}
+    stats = zero_statistics(repeats) if zero else fastest(repeats)
     return {**new, **stats, "repeats": repeats, "sweeps": sweeps_done(old) + 1}
 
 
@@ -548,7 +548,7 @@ def _measure_engine(shape, layers: int, device: str, barrier=lambda: None, mp: i
     finally:
         tensor_parallel._all_reduce = plain_all_reduce
     timed = rows[ENGINE_WARMUP:]
-    best = {k: min(r[k] for r in timed) for k in rows[0]}
+    best = fastest(timed)
     # What AccumulateGrad does for every micro-batch after the first: grad += new gradient.
     for p in params:
         p.grad = torch.zeros_like(p)
@@ -584,12 +584,18 @@ def _measure_engine(shape, layers: int, device: str, barrier=lambda: None, mp: i
 ZERO_COLLECTIVES = ("allreduce", "allgather")
 
 
+def fastest(rows: List[Dict[str, float]]) -> Dict[str, float]:
+    """Per key of a pass's timed repeats, the fastest: the rank's own work at its least
+    disturbed (the plain and tensor-parallel passes' rows, and the ZeRO pass's own phases)."""
+    if not rows:
+        raise ValueError("no timed repeats")
+    return {k: min(r[k] for r in rows) for k in rows[0]}
+
+
 def zero_statistics(rows: List[Dict[str, float]]) -> Dict[str, float]:
     """Per key of the ZeRO pass's timed repeats: the fastest for the rank's own work, the
     median for the data-parallel collectives (and their fastest as KEY_best)."""
-    if not rows:
-        raise ValueError("no timed repeats")
-    out = {k: min(r[k] for r in rows) for k in rows[0]}
+    out = fastest(rows)
     for k in ZERO_COLLECTIVES:
         if k in out:
             out[f"{k}_best"] = out[k]
