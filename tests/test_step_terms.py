@@ -268,3 +268,60 @@ def test_the_prior_keeps_a_term_the_runs_cannot_see_at_its_neutral_value(profile
     assert step_fit.prior_cost(StepTerms()) == 0.0
     assert step_fit.prior_cost(StepTerms(memory_scale=1.2)) == pytest.approx(
         step_fit.PRIOR_RUNS * step_fit.ROBUST_SCALE ** 2)
+
+
+
+def test_runs_share_tells_a_term_the_runs_pin_from_one_they_cannot_see(profile, cases):
+    """runs_share: 0 where only the prior speaks, less where two terms look alike to the runs,
+    and the host's per-launch cost seen by small models' runs far more than by large ones'
+    (the BLOOM layout search's 180B models cannot show it)."""
+    F, _ = step_fit.linearise(cases, profile, step_fit.START)
+    measured = step_fit.predict_all(cases, profile, step_fit.START)
+    names = step_fit.FITTED
+    flat = names.index("dp_fabric_per_doubling")
+    F[:, flat] = 0.0  # no run spans nodes: nothing but the prior says anything about it
+    share = step_fit.runs_share(F, measured)
+    assert share["dp_fabric_per_doubling"] == pytest.approx(0.0, abs=1e-9)
+    assert all(0.0 <= v <= 1.0 for v in share.values())
+    # a copy of the compute column: the runs fix the two scales' sum, not each of them
+    i, j = names.index("compute_scale"), names.index("memory_scale")
+    G = F.copy()
+    G[:, j] = G[:, i]
+    both = step_fit.runs_share(G, measured)
+    assert both["compute_scale"] < share["compute_scale"] - 0.1
+    # the same layouts at hidden 8192, micro-batch 4: never host-bound
+    big = step_fit.prepare([_run(tp=tp, dp=dp, pp=pp, micro_batch=4, hidden=8192, heads=64,
+                                 global_batch=16 * dp)
+                            for tp, dp, pp in ((1, 2, 2), (2, 1, 2), (1, 4, 1), (2, 2, 1), (1, 1, 4))],
+                           lambda r: devset.build_config(r, profile.facts.gpus_per_node))
+    Fb, _ = step_fit.linearise(big, profile, step_fit.START)
+    large = step_fit.runs_share(Fb, step_fit.predict_all(big, profile, step_fit.START))
+    assert share["dispatch_s"] > 0.5 > large["dispatch_s"]
+
+
+def test_a_tensor_parallel_wait_never_exceeds_the_work_between_all_reduces(profile):
+    """tp_sync_s is a wait for the slowest rank: on large layers a fixed cost per all-reduce,
+    but the ranks cannot drift further apart than the time they ran since they last met, so
+    a layer phase's waits add to at most its operators' time (Jean Zay's 0.19 ms per doubling,
+    fitted on 180B layers, put vTrain's hidden-1024 tp 4 runs 68% over: docs/cross-cluster.md)."""
+    from neox_perf.prediction.estimate import _Cache
+    wait = 1e-3
+    per_call = wait * 2  # log2 of a group of 4
+    got = {}
+    for name, run in (("small", _run(tp=4, dp=1, pp=1, micro_batch=1, hidden=1024, global_batch=4)),
+                      ("large", _run(tp=4, dp=1, pp=1, micro_batch=4, hidden=8192, heads=64,
+                                     global_batch=16))):
+        (case,) = step_fit.prepare([run], lambda r: devset.build_config(r, profile.facts.gpus_per_node))
+        lf = case.decomposition.stages[0].layer_forward
+        bare, waited = _Cache(profile, None, StepTerms()), _Cache(profile, None, StepTerms(tp_sync_s=wait))
+        calls = sum(c.count for c in lf if getattr(c, "purpose", "") == "mp_allreduce")
+        assert calls == 2  # attention output and MLP output
+        added = waited.comm(lf, "mp_allreduce") - bare.comm(lf, "mp_allreduce")
+        assert waited.total(lf) - bare.total(lf) == pytest.approx(added)
+        got[name] = (added, waited.operators(lf))
+    added, work = got["small"]
+    assert work < calls * per_call  # the unbounded wait would be longer than the work
+    assert added == pytest.approx(work)
+    added, work = got["large"]
+    assert work > calls * per_call
+    assert added == pytest.approx(calls * per_call)  # untouched where the work is longer

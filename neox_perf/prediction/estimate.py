@@ -102,6 +102,9 @@ class _Cache:
         self.coverage: Dict[str, Any] = {}  # "op phase" -> its least-covered shape
         # per collective purpose, where its prices came from (neox_perf.prediction.collective_sources)
         self.sources: Dict[str, set] = {}
+        # per tensor-parallel all-reduce (memo key): the seconds of it that are the step
+        # terms' wait for the slowest rank
+        self.waits: Dict[tuple, float] = {}
 
     def time(self, call) -> float:
         key = self.key(call)
@@ -129,6 +132,10 @@ class _Cache:
             source = getattr(pred, "source", "") or ""
             self.memo[key] = self.terms.collective(call.purpose, call.nodes * call.gpus_per_node,
                                                    float(pred.seconds), call.nodes, source)
+            if call.purpose == "mp_allreduce":
+                # the step terms' wait for the slowest rank in it (tp_sync_s), bounded per
+                # run of calls by mp_factor
+                self.waits[key] = max(0.0, self.memo[key] - float(pred.seconds))
             if source:
                 self.sources.setdefault(call.purpose, set()).add(source)
             if (call.purpose in DATA_PARALLEL and call.nodes > FABRIC_NODES_FITTED
@@ -184,8 +191,28 @@ class _Cache:
     def total(self, calls) -> float:
         """Seconds of one run of calls (a layer phase, the head, the loss): its operators queue
         on the device as the host issues them (StepTerms.issued); its collectives add."""
-        return self.operators(calls) + sum(self.time(c) * c.count for c in calls
-                                           if not isinstance(c, OpCall))
+        factor = self.mp_factor(calls)
+        return self.operators(calls) + sum(
+            self.time(c) * c.count * (factor if c.purpose == "mp_allreduce" else 1.0)
+            for c in calls if not isinstance(c, OpCall))
+
+    def mp_factor(self, calls) -> float:
+        """What the tensor-parallel all-reduces of one run of calls keep of their priced
+        seconds (1, unless their waits are bounded). A wait for the slowest rank is the ranks'
+        drift since they last met, which cannot exceed the time they then ran: the waits of a
+        run of calls add to at most its operators' issued time. A wait fitted on large
+        layers (StepTerms.tp_sync_s: Jean Zay's 180B models, 5-23 ms of work between two
+        all-reduces) stays a fixed cost there, and does not outgrow the 0.1-0.7 ms a small
+        model's ranks run between two (docs/cross-cluster.md)."""
+        if self.terms.tp_sync_s <= 0:
+            return 1.0
+        mp = [c for c in calls if not isinstance(c, OpCall) and c.purpose == "mp_allreduce"]
+        if not mp:
+            return 1.0
+        priced = sum(self.time(c) * c.count for c in mp)
+        waits = sum(self.waits.get(self.key(c), 0.0) * c.count for c in mp)
+        excess = waits - self.operators(calls)
+        return 1.0 - excess / priced if excess > 0 and priced > 0 else 1.0
 
     def _device_and_launches(self, calls) -> Tuple[float, float]:
         ops = [c for c in calls if isinstance(c, OpCall)]
@@ -202,8 +229,9 @@ class _Cache:
         return self.terms.issued(device, launches) - device
 
     def comm(self, calls, purpose: str) -> float:
-        return sum(self.time(c) * c.count for c in calls
-                   if isinstance(c, CommCall) and c.purpose == purpose)
+        factor = self.mp_factor(calls) if purpose == "mp_allreduce" else 1.0
+        return factor * sum(self.time(c) * c.count for c in calls
+                            if isinstance(c, CommCall) and c.purpose == purpose)
 
 
 def _update(work: StageWork, cache: _Cache, engine: Optional[EngineTerms]) -> Tuple[float, float]:
@@ -273,12 +301,15 @@ def _operator_seconds(work: StageWork, cache: _Cache,
 
     def add(calls, times: float, phase: Optional[str] = None):
         nonlocal extrapolated
+        factor = cache.mp_factor(calls)
         for c in calls:
             if phase is not None and not isinstance(c, OpCall):
                 continue
             label = phase or c.phase
             name = f"{c.op} {label}" if isinstance(c, OpCall) else f"{c.purpose} {label}"
             seconds = cache.time(c) * c.count * times
+            if not isinstance(c, OpCall) and c.purpose == "mp_allreduce":
+                seconds *= factor
             out[name] = out.get(name, 0.0) + seconds
             if cache.key(c) in cache.extrapolated:
                 extrapolated += seconds
@@ -310,10 +341,12 @@ def _inter_node_seconds(work: StageWork, cache: _Cache, micro_batches: int) -> O
             (work.param_allgather, 1), ((work.send_activation, work.send_gradient), m))
     seconds, crosses = 0.0, False
     for calls, times in runs:
+        factor = cache.mp_factor([c for c in calls if c is not None])
         for c in calls:
             if isinstance(c, CommCall) and c.nodes > 1:
                 crosses = True
-                seconds += cache.time(c) * c.count * times
+                seconds += (cache.time(c) * c.count * times
+                            * (factor if c.purpose == "mp_allreduce" else 1.0))
     return seconds if crosses else None
 
 

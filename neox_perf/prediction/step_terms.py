@@ -48,7 +48,8 @@ class StepTerms:
     # host time to issue one framework call. The host runs ahead of the GPU, so a layer's
     # forward, backward or recompute takes the longer of its GPU time and its issue time (issued())
     dispatch_s: float = 0.0
-    # a tensor-parallel all-reduce waits for its slowest rank: seconds per doubling of the group
+    # a tensor-parallel all-reduce waits for its slowest rank: seconds per doubling of the group.
+    # A run of calls' waits add to at most its operators' time (estimate._Cache.mp_factor)
     tp_sync_s: float = 0.0
     p2p_s: float = 0.0  # per pipeline send: the blocking handshake beyond the transfer itself
     micro_batch_s: float = 0.0  # per micro-batch per stage: data, loss scaling, engine calls

@@ -134,6 +134,23 @@ def prior_cost(terms: StepTerms, names: Sequence[str] = FITTED) -> float:
     return float(np.sum(r ** 2))
 
 
+def runs_share(F: np.ndarray, measured: np.ndarray, names: Sequence[str] = FITTED) -> Dict[str, float]:
+    """Per term, how much of what the fit knows about it comes from the runs rather than its
+    prior: 1 - its variance under runs and prior together / its variance under the prior
+    alone, both from the loss solve() minimises near its minimum (the quadratic part of the
+    soft-L1 loss, every run at full weight; collinear terms share what the runs say about
+    them). Near 1: the runs pin the term. Near 0: the runs cannot see it, and the fit returns
+    its prior's neutral value -- not a measurement of the cluster, which a cluster whose runs
+    do see the term will contradict (e.g. a per-launch host cost the BLOOM layout search's
+    180B models, never host-bound, cannot show). ``F``: linearise()'s, at the fitted terms."""
+    A = F / measured[:, None]
+    PA, _ = _prior_rows(names)
+    prior_precision = np.diag(PA) ** 2
+    posterior = np.linalg.inv(A.T @ A + np.diag(prior_precision))
+    share = 1.0 - np.diag(posterior) * prior_precision
+    return {n: float(min(1.0, max(0.0, v))) for n, v in zip(names, share)}
+
+
 def solve(F: np.ndarray, c0: np.ndarray, measured: np.ndarray,
           names: Sequence[str] = FITTED, rounds: int = 50, prior: bool = True) -> np.ndarray:
     """Bounded robust least squares on the relative error (c0 + F theta) / measured - 1, by
