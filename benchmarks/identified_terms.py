@@ -45,8 +45,9 @@ def _by_tp(name, cases, predicted):
     measured = np.array([c.measured for c in cases])
     tp = np.array([c.key[-3] for c in cases])
     err = np.asarray(predicted) / measured - 1.0
+    whole = step_fit.summary(measured, np.asarray(predicted))
     widths = " ".join(f"tp {k} {100 * np.mean(err[tp == k]):+6.1f}%" for k in sorted(set(tp)))
-    print(f"  {name:<58} MAPE {100 * np.mean(np.abs(err)):5.1f}%  signed {100 * np.mean(err):+5.1f}%  {widths}",
+    print(f"  {name:<58} MAPE {whole['mape']:5.1f}%  signed {whole['mean_signed']:+5.1f}%  {widths}",
           flush=True)
 
 

@@ -191,10 +191,17 @@ class _Cache:
     def total(self, calls) -> float:
         """Seconds of one run of calls (a layer phase, the head, the loss): its operators queue
         on the device as the host issues them (StepTerms.issued); its collectives add."""
+        return self.operators(calls) + sum(seconds for c, seconds in self.priced(calls)
+                                           if not isinstance(c, OpCall))
+
+    def priced(self, calls) -> List[Tuple[object, float]]:
+        """(call, its seconds times its count) for each call of one run of calls, its
+        tensor-parallel all-reduces bounded as a run (mp_factor): what every sum over a run
+        of calls adds."""
         factor = self.mp_factor(calls)
-        return self.operators(calls) + sum(
-            self.time(c) * c.count * (factor if c.purpose == "mp_allreduce" else 1.0)
-            for c in calls if not isinstance(c, OpCall))
+        return [(c, self.time(c) * c.count
+                 * (factor if not isinstance(c, OpCall) and c.purpose == "mp_allreduce" else 1.0))
+                for c in calls]
 
     def mp_factor(self, calls) -> float:
         """What the tensor-parallel all-reduces of one run of calls keep of their priced
@@ -229,9 +236,8 @@ class _Cache:
         return self.terms.issued(device, launches) - device
 
     def comm(self, calls, purpose: str) -> float:
-        factor = self.mp_factor(calls) if purpose == "mp_allreduce" else 1.0
-        return factor * sum(self.time(c) * c.count for c in calls
-                            if isinstance(c, CommCall) and c.purpose == purpose)
+        return sum(seconds for c, seconds in self.priced(calls)
+                   if isinstance(c, CommCall) and c.purpose == purpose)
 
 
 def _update(work: StageWork, cache: _Cache, engine: Optional[EngineTerms]) -> Tuple[float, float]:
@@ -301,15 +307,12 @@ def _operator_seconds(work: StageWork, cache: _Cache,
 
     def add(calls, times: float, phase: Optional[str] = None):
         nonlocal extrapolated
-        factor = cache.mp_factor(calls)
-        for c in calls:
+        for c, seconds in cache.priced(calls):
             if phase is not None and not isinstance(c, OpCall):
                 continue
             label = phase or c.phase
             name = f"{c.op} {label}" if isinstance(c, OpCall) else f"{c.purpose} {label}"
-            seconds = cache.time(c) * c.count * times
-            if not isinstance(c, OpCall) and c.purpose == "mp_allreduce":
-                seconds *= factor
+            seconds *= times
             out[name] = out.get(name, 0.0) + seconds
             if cache.key(c) in cache.extrapolated:
                 extrapolated += seconds
@@ -341,12 +344,10 @@ def _inter_node_seconds(work: StageWork, cache: _Cache, micro_batches: int) -> O
             (work.param_allgather, 1), ((work.send_activation, work.send_gradient), m))
     seconds, crosses = 0.0, False
     for calls, times in runs:
-        factor = cache.mp_factor([c for c in calls if c is not None])
-        for c in calls:
+        for c, priced in cache.priced([c for c in calls if c is not None]):
             if isinstance(c, CommCall) and c.nodes > 1:
                 crosses = True
-                seconds += (cache.time(c) * c.count * times
-                            * (factor if c.purpose == "mp_allreduce" else 1.0))
+                seconds += priced * times
     return seconds if crosses else None
 
 
