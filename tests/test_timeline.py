@@ -341,3 +341,23 @@ def test_a_timeline_without_events_is_the_same_timeline(rendezvous):
                       "critical_stage"):
             assert getattr(bare, field) == getattr(full, field) == getattr(again, field), field
         assert dict(bare.components) == dict(full.components) == dict(again.components)
+
+
+def test_the_step_by_step_stream_is_the_instruction_stream_to_the_last_bit():
+    """_lockstep_streams (the planner's and every events=False caller's) against the
+    instruction-by-instruction simulation it replaces there: the same clocks, last backward
+    ends and sent seconds, compared with ==, on depths 1-33, one micro-batch to many, equal
+    stages (ties everywhere), free sends and random ones."""
+    from neox_perf.prediction import timeline as T
+    rng = random.Random(11)
+    shapes = [(1, 1), (1, 5), (2, 1), (33, 1), (33, 70), (32, 1024)]
+    shapes += [(rng.randint(1, 33), rng.randint(1, 80)) for _ in range(400)]
+    for p, m in shapes:
+        kind = rng.choice(("equal", "random", "free sends"))
+        def cost(lo, hi, tie):
+            return [tie if kind == "equal" else rng.uniform(lo, hi) for _ in range(p)]
+        fwd, bwd = cost(0.1, 2.0, 1.0), cost(0.2, 4.0, 2.0)
+        act, grad = ([0.0] * p, [0.0] * p) if kind == "free sends" else (cost(0.0, 0.3, 0.05), cost(0.0, 0.3, 0.05))
+        slow = T._streams(p, m, fwd, bwd, act, grad, True, record=False)
+        fast = T._lockstep_streams(p, m, fwd, bwd, act, grad)
+        assert fast == slow, (p, m, kind)
