@@ -9,7 +9,8 @@ bundled GPT-20B example with a prediction from a bundled cluster profile.
 
 --sweep: every GPT-NeoX config (../shared/data/gpt-neox-configs, as benchmarks/verdicts.py
 merges them) at 8, 16 and 128 GPUs on each bundled cluster and without one, timed once each;
-the slowest are then timed --runs times and their medians printed. The worst median is the
+the 3 x --slowest slowest three more times each, and the --slowest slowest by the median of
+those four are then timed --runs times and their medians printed. The worst median is the
 figure the 0.5 s target is held to. Measure on a quiet machine.
 """
 from __future__ import annotations
@@ -80,8 +81,16 @@ def sweep(runs: int, slowest: int) -> int:
         cases.sort(key=lambda c: c[0], reverse=True)
         print(f"{len(cases)} checks timed once: median {statistics.median(c[0] for c in cases):.3f} s, "
               f"slowest {cases[0][0]:.3f} s")
+        # One timing each is a noisy ranking on a shared VM (llama2/70B at 128 GPUs, the
+        # slowest at 0.71 s in one sweep, ranked below eighth in the next): the slowest three
+        # times --slowest are timed three more times and ranked by the median of their four.
+        shortlist = []
+        for first, name, gpus, cluster, cmd in cases[:3 * slowest]:
+            shortlist.append((statistics.median([first] + [_time(cmd) for _ in range(3)]),
+                              name, gpus, cluster, cmd))
+        shortlist.sort(key=lambda c: c[0], reverse=True)
         worst = 0.0
-        for _, name, gpus, cluster, cmd in cases[:slowest]:
+        for _, name, gpus, cluster, cmd in shortlist[:slowest]:
             times = [_time(cmd) for _ in range(runs)]
             worst = max(worst, statistics.median(times))
             print(f"  {name} --gpus {gpus} --cluster {cluster or '-'}: {_summary(times)}")
