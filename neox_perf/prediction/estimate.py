@@ -88,6 +88,10 @@ def _worse(a, b) -> bool:
     return (_RANK.get(a.state, 1), a.factor) > (_RANK.get(b.state, 1), b.factor)
 
 
+def _collective(call) -> bool:
+    return not isinstance(call, OpCall)
+
+
 class _Cache:
     def __init__(self, profile: Profile, engine: Optional["EngineTerms"] = None,
                  terms: StepTerms = StepTerms(), limits=None):
@@ -191,17 +195,18 @@ class _Cache:
     def total(self, calls) -> float:
         """Seconds of one run of calls (a layer phase, the head, the loss): its operators queue
         on the device as the host issues them (StepTerms.issued); its collectives add."""
-        return self.operators(calls) + sum(seconds for c, seconds in self.priced(calls)
-                                           if not isinstance(c, OpCall))
+        return self.operators(calls) + sum(seconds for _, seconds in self.priced(calls, _collective))
 
-    def priced(self, calls) -> List[Tuple[object, float]]:
-        """(call, its seconds times its count) for each call of one run of calls, its
-        tensor-parallel all-reduces bounded as a run (mp_factor): what every sum over a run
-        of calls adds."""
+    def priced(self, calls, which=None) -> List[Tuple[object, float]]:
+        """(call, its seconds times its count) for each call of one run of calls that ``which``
+        accepts (default every one), its tensor-parallel all-reduces bounded as a run
+        (mp_factor, over the whole run): what every sum over a run of calls adds. A caller
+        that sums a part of the run says which, so the rest is not priced for nothing (total
+        and comm run per stage and phase, for every layout the planner times)."""
         factor = self.mp_factor(calls)
         return [(c, self.time(c) * c.count
                  * (factor if not isinstance(c, OpCall) and c.purpose == "mp_allreduce" else 1.0))
-                for c in calls]
+                for c in calls if which is None or which(c)]
 
     def mp_factor(self, calls) -> float:
         """What the tensor-parallel all-reduces of one run of calls keep of their priced
@@ -236,8 +241,8 @@ class _Cache:
         return self.terms.issued(device, launches) - device
 
     def comm(self, calls, purpose: str) -> float:
-        return sum(seconds for c, seconds in self.priced(calls)
-                   if isinstance(c, CommCall) and c.purpose == purpose)
+        return sum(seconds for _, seconds in self.priced(
+            calls, lambda c: isinstance(c, CommCall) and c.purpose == purpose))
 
 
 def _update(work: StageWork, cache: _Cache, engine: Optional[EngineTerms]) -> Tuple[float, float]:
@@ -344,10 +349,10 @@ def _inter_node_seconds(work: StageWork, cache: _Cache, micro_batches: int) -> O
             (work.param_allgather, 1), ((work.send_activation, work.send_gradient), m))
     seconds, crosses = 0.0, False
     for calls, times in runs:
-        for c, priced in cache.priced([c for c in calls if c is not None]):
-            if isinstance(c, CommCall) and c.nodes > 1:
-                crosses = True
-                seconds += priced * times
+        for _, priced in cache.priced([c for c in calls if c is not None],
+                                      lambda c: isinstance(c, CommCall) and c.nodes > 1):
+            crosses = True
+            seconds += priced * times
     return seconds if crosses else None
 
 
