@@ -26,7 +26,7 @@ def predicted_rows(runs, cluster: str):
     from neox_perf.predictors.fitting import devset
     from neox_perf.prediction.estimate import estimate
     from neox_perf.prediction.predict import load_cluster
-    from neox_perf.prediction.step_terms import of_profile
+    from neox_perf.prediction.corrections import of_profile
     jz = load_cluster(cluster)
     terms, _ = of_profile(jz)
     rows = []

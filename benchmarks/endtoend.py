@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO))
 from neox_perf.prediction.estimate import estimate  # noqa: E402
 from neox_perf.prediction.predict import load_cluster  # noqa: E402
 from neox_perf.predictors.fitting import cluster_cv, devset, step_fit  # noqa: E402
-from neox_perf.prediction.step_terms import ACROSS_NODES, FITTED, INSIDE_NODE, Interval, StepTerms, of_profile  # noqa: E402
+from neox_perf.prediction.corrections import ACROSS_NODES, FITTED, INSIDE_NODE, Interval, StepTerms, of_profile  # noqa: E402
 
 DEFAULT_CLUSTER = REPO / "neox_perf" / "examples" / "clusters" / "dgx-a100.yml"
 MULTI_CLUSTER = REPO / "benchmarks" / "clusters" / "vtrain-a100.yml"
@@ -341,7 +341,7 @@ def _write_terms(profile_dir: Path, section: dict) -> None:
     from dataclasses import replace
 
     from neox_perf.profile.directory import manifest_path, update
-    from neox_perf.prediction.step_terms import StepTermsSection
+    from neox_perf.prediction.corrections import StepTermsSection
     terms = StepTermsSection.parse(section, "the fitted step terms")
     update(profile_dir, lambda m: replace(m, step_terms=terms))  # a kill mid-write keeps the old
     print(f"\nwrote step_terms into {manifest_path(profile_dir)}")
@@ -528,7 +528,7 @@ def main(argv=None) -> int:
               + ", ".join(f"{m}B {c:.0f}%" for m, c in per_model.items())
               + f"), median width {width:.1f}%")
     print("one NIC per GPU: no measured runs; the across-nodes interval with its high end raised by "
-          "the job's inter-node share (step_terms.ONE_NIC_UPWARD), coverage not measurable here")
+          "the job's inter-node share (corrections.ONE_NIC_UPWARD), coverage not measurable here")
 
     loco = _leave_one_cluster_out(args, single_runs, cases, multi_runs_kept, multi, profile, terms,
                                   cv_single, cv_multi,

@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 
 from neox_perf.prediction.estimate import _Cache  # noqa: E402
 from neox_perf.prediction.predict import load_cluster  # noqa: E402
-from neox_perf.prediction.step_terms import FITTED, StepTerms, of_profile  # noqa: E402
+from neox_perf.prediction.corrections import FITTED, StepTerms, of_profile  # noqa: E402
 from neox_perf.predictors.fitting import devset, step_fit  # noqa: E402
 
 SINGLE_CLUSTER = REPO / "neox_perf" / "examples" / "clusters" / "dgx-a100.yml"

@@ -24,7 +24,7 @@ import bloom_rows  # noqa: E402
 import endtoend  # noqa: E402
 
 from neox_perf.prediction.predict import load_cluster  # noqa: E402
-from neox_perf.prediction.step_terms import of_profile  # noqa: E402
+from neox_perf.prediction.corrections import of_profile  # noqa: E402
 from neox_perf.predictors.fitting import devset, step_fit  # noqa: E402
 
 

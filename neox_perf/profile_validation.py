@@ -1,7 +1,7 @@
 """A calibrated profile's interval from its own validation runs.
 
 The bundled profiles carry an interval from the development set's cross-validated residuals
-(step_terms.Interval). A profile `neox-perf calibrate` made on a user's machine has no such
+(corrections.Interval). A profile `neox-perf calibrate` made on a user's machine has no such
 set, but every `neox-perf validate` against it measures one more real iteration next to its
 prediction. Each is recorded in the profile's manifest (sections.Validation, one run per
 config set: a re-run replaces it), and once MIN_RUNS are there the profile's interval is the
@@ -21,7 +21,7 @@ from .profile import directory
 from .profile.manifest import Manifest
 from .profile.protocol import Profile
 from .profile.sections import Validation, ValidationRun
-from .prediction.step_terms import VALIDATION_MIN_RUNS as MIN_RUNS, Interval
+from .prediction.corrections import VALIDATION_MIN_RUNS as MIN_RUNS, Interval
 
 
 def record(profile: Profile, configs: List[str], measured: float, predicted: float,

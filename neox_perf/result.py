@@ -13,7 +13,7 @@ from .config.verdicts import LEVELS, Verdict
 from .profile.disturbance import profile_warnings
 from .profile.facts import ClusterFacts
 from .profile.protocol import Profile
-from .prediction.step_terms import StepTermsSection
+from .prediction.corrections import StepTermsSection
 
 
 @dataclass

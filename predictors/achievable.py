@@ -10,7 +10,7 @@ run computes in: the rule every operator prediction passes through (`estimate`, 
 
    F the call's FLOPs, B its bytes at each precision's element size (fp32 moves twice the
    bytes of fp16), P the GPU's achievable dense rate per precision (gpus.Rate) for the matmul
-   operators (step_terms.COMPUTE_BOUND) and its fp32 vector rate in both precisions for the
+   operators (corrections.COMPUTE_BOUND) and its fp32 vector rate in both precisions for the
    rest (elementwise math runs on the vector units whatever the storage type), W its HBM
    bandwidth, t0 the model's fitted fixed cost (its baseline's constant: launch and framework
    overhead, the same whatever the element type; a tiny kernel is not 14x slower in fp32). A
@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Optional, Tuple
 
 from neox_perf.prediction import opspec
-from neox_perf.prediction.step_terms import COMPUTE_BOUND
+from neox_perf.prediction.corrections import COMPUTE_BOUND
 
 from . import gpus
 from .errors import ProfileError

@@ -11,7 +11,7 @@ import yaml
 from neox_perf.prediction.predict import load_cluster, predict
 from neox_perf.predictors.fitting import devset
 from neox_perf.prediction.collective_sources import LINK_MODEL, SAMPLED
-from neox_perf.prediction.step_terms import FABRIC_NODES_FITTED, StepTerms, fabric_nodes
+from neox_perf.prediction.corrections import FABRIC_NODES_FITTED, StepTerms, fabric_nodes
 
 from cli.cli_run import check_json
 

@@ -3,7 +3,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from neox_perf.prediction.engine_terms import EngineSection, EngineTerms, EngineTermsError
+from neox_perf.prediction.corrections import EngineSection, EngineTerms, EngineTermsError
 from neox_perf.profile.manifest import Manifest
 
 SECTION = {

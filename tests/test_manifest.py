@@ -8,7 +8,6 @@ from dataclasses import FrozenInstanceError, replace
 
 import pytest
 
-from neox_perf.prediction.engine_terms import EngineSection
 from neox_perf.errors import ProfileError
 from neox_perf.predictors import load_profile
 from neox_perf.profile.directory import bundled_dir
@@ -16,7 +15,7 @@ from neox_perf.profile.disturbance import Disturbance
 from neox_perf.profile.manifest import Manifest
 from neox_perf.profile.models import ModelEntry
 from neox_perf.profile.sections import ArraysRef, Calibration, Provenance, Training, Validation
-from neox_perf.prediction.step_terms import StepTerms, StepTermsSection
+from neox_perf.prediction.corrections import EngineSection, StepTerms, StepTermsSection
 
 BUNDLED = ("perlmutter-a100-80gb", "vista-gh200")
 

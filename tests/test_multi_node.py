@@ -9,7 +9,7 @@ from neox_perf.prediction.predict import load_cluster, predict
 from neox_perf.predictors.fitting import devset
 from neox_perf.prediction.collective_sources import LINK_MODEL
 from neox_perf.errors import ProfileError
-from neox_perf.prediction.step_terms import (ACROSS_NODES, INSIDE_NODE, ONE_NIC_PER_GPU, REGIMES, Interval, Intervals,
+from neox_perf.prediction.corrections import (ACROSS_NODES, INSIDE_NODE, ONE_NIC_PER_GPU, REGIMES, Interval, Intervals,
                                   StepTerms, StepTermsSection, of_profile)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,7 +41,7 @@ def test_a_larger_micro_batch_much_slower_than_a_smaller_one_is_set_apart():
 def test_the_fabric_term_is_flagged_past_the_groups_it_was_fitted_on():
     """A data-parallel group over more nodes than any of the multi-node runs: the term
     extrapolates, the prediction says so and its interval widens for it."""
-    from neox_perf.prediction.step_terms import FABRIC_NODES_FITTED
+    from neox_perf.prediction.corrections import FABRIC_NODES_FITTED
     profile = load_cluster(str(VTRAIN))
     inside = predict(*devset.build_config(_run(gpus=64, dp=64, layers=4), 8), profile).estimate
     wide = predict(*devset.build_config(_run(gpus=128, dp=128, global_batch=1024, layers=4), 8), profile).estimate
@@ -59,7 +59,7 @@ def test_the_multi_node_set_reads_with_its_models():
     assert {r.model for r in runs} == {"3.6", "175"} and len(runs) == 47
     assert all(r.tp * r.dp * r.pp == r.gpus for r in runs)
     # the fabric term's fitted range is the widest data-parallel group among them
-    from neox_perf.prediction.step_terms import FABRIC_NODES_FITTED
+    from neox_perf.prediction.corrections import FABRIC_NODES_FITTED
     from neox_perf.prediction.operators import group_placement
     assert max(group_placement(r.dp, r.tp, 8)[0] for r in runs) == FABRIC_NODES_FITTED
     flagged = [r for r, bad in zip(runs, devset.inconsistent(runs)) if bad]

@@ -8,7 +8,7 @@ from neox_perf.profile.facts import ClusterFacts, Link
 from neox_perf.profile.manifest import Manifest
 from neox_perf.profile.sections import Validation
 from neox_perf.profile_validation import MIN_RUNS, record
-from neox_perf.prediction.step_terms import ACROSS_NODES, INSIDE_NODE, REGIMES, StepTermsSection, of_profile
+from neox_perf.prediction.corrections import ACROSS_NODES, INSIDE_NODE, REGIMES, StepTermsSection, of_profile
 
 FACTS = ClusterFacts("local", "cpu", 2**30, 2, Link("shared memory", 1.0, 1), Link("none", 1.0, 1), 0.1, 10.0)
 

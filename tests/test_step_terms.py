@@ -8,7 +8,7 @@ from neox_perf.prediction.estimate import estimate
 from neox_perf.prediction.predict import load_cluster, predict
 from neox_perf.predictors.fitting import devset, step_fit
 from neox_perf.profile.manifest import Manifest
-from neox_perf.prediction.step_terms import FITTED, REGIMES, Interval, StepTerms, StepTermsSection, of_profile
+from neox_perf.prediction.corrections import FITTED, REGIMES, Interval, StepTerms, StepTermsSection, of_profile
 
 
 def _run(**kw):

@@ -201,7 +201,7 @@ def predicted_stage_components(est, decomp=None, profile=None) -> List[Dict[str,
     for ev in est.timeline.events:
         stages[ev.stage][_PREDICTED_KIND[ev.kind]] += ev.end - ev.start
     if decomp is not None and profile is not None:
-        from ..prediction.engine_terms import EngineTerms
+        from ..prediction.corrections import EngineTerms
         engine = EngineTerms.of(profile, decomp)
         for comp, work in zip(stages, decomp.stages):
             tp_f, tp_b = (decomp.micro_batches * t for t in _tp_seconds(work, profile, engine))

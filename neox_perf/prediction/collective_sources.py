@@ -4,7 +4,7 @@ A collective priced from samples measured on this cluster's own links carries th
 under load; one priced by a description's link model (line rate x a reference efficiency) does
 not; one the engine terms measured in a calibration's own engine runs is that machine's. A
 correction fitted against one source rides on that source's prices alone
-(step_terms.StepTerms.collective); `check --json` shows each (prediction.collective_sources).
+(corrections.StepTerms.collective); `check --json` shows each (prediction.collective_sources).
 """
 SAMPLED, LINK_MODEL, ENGINE_RUNS = "sampled", "link model", "engine runs"
 COLLECTIVE_SOURCES = (SAMPLED, LINK_MODEL, ENGINE_RUNS)

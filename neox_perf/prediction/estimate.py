@@ -15,12 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Tuple
 
-from .engine_terms import EngineTerms
 from ..errors import ProfileError
 from .operators import CommCall, Decomposition, OpCall, StageWork
 from ..profile.protocol import Profile
 from .collective_sources import ENGINE_RUNS, LINK_MODEL
-from .step_terms import DATA_PARALLEL, FABRIC_NODES_FITTED, INSIDE_NODE, StepTerms, of_profile, regime_of
+from .corrections import (DATA_PARALLEL, FABRIC_NODES_FITTED, INSIDE_NODE, Corrections, EngineTerms,
+                          StepTerms, regime_of)
 from .timeline import StageCost, StageCostError, Timeline, simulate_1f1b
 
 
@@ -72,7 +72,7 @@ class IterationEstimate:
     # per "op phase": the shape the profile's samples cover least well (any stage), when the
     # profile can tell (sampled, interpolated, in range, extrapolated and how far)
     coverage: Dict[str, Any] = field(default_factory=dict)
-    # where the job runs, which picks the interval (step_terms.REGIMES), and the share of the
+    # where the job runs, which picks the interval (corrections.REGIMES), and the share of the
     # iteration the critical stage spends in collectives that cross nodes
     regime: str = INSIDE_NODE
     inter_node_share: float = 0.0
@@ -96,6 +96,9 @@ class _Cache:
     def __init__(self, profile: Profile, engine: Optional["EngineTerms"] = None,
                  terms: StepTerms = StepTerms(), limits=None):
         self.profile = profile
+        # the corrections in their order (corrections/__init__): the step terms' and the
+        # engine's here, per call and per run of calls; the rest in _stage_times
+        self.corrections = Corrections(terms, engine)
         self.engine = engine
         self.terms = terms
         self.limits = limits  # predictors.achievable.OperatorLimits, or None (no GPU row)
@@ -121,12 +124,10 @@ class _Cache:
                     self.extrapolated.add(key)
                 self.memo[key] = self._operator_seconds(call, float(pred.seconds))
             return self.memo[key]
-        if self.engine is not None and call.purpose in ("mp_allreduce", "dp_allreduce", "dp_allgather"):
-            measured = (self.engine.tp_allreduce(call) if call.purpose == "mp_allreduce"
-                        else self.engine.dp_collective(call))
-            if measured is not None:
-                self.sources.setdefault(call.purpose, set()).add(ENGINE_RUNS)
-                return measured
+        measured = self.corrections.measured_collective(call)
+        if measured is not None:
+            self.sources.setdefault(call.purpose, set()).add(ENGINE_RUNS)
+            return measured
         if key not in self.memo:
             pred = self.profile.predict_collective(call.kind, call.elements, call.nodes,
                                                    call.gpus_per_node)
@@ -362,9 +363,9 @@ def stage_tails(decomp: Decomposition, profile: Profile,
     the StageTimes fields estimate() gives them (grad_allreduce, optimizer, param_allgather),
     without the layers, the timeline and the rest (the planner's quick search needs these of
     many layouts; tests/cli/test_plan_core.py holds them equal)."""
-    engine = EngineTerms.of(profile, decomp)
-    own_terms, _ = of_profile(profile)
-    cache = _Cache(profile, engine, own_terms, limits)
+    corrections = Corrections.of(profile, decomp)
+    engine = corrections.engine
+    cache = _Cache(profile, engine, corrections.step, limits)
     out = []
     for work in decomp.stages:
         optimizer, grad_sync = _update(work, cache, engine)
@@ -380,9 +381,9 @@ def estimate(decomp: Decomposition, profile: Profile, terms: Optional[StepTerms]
     prices operators as the profile predicts them. events: False leaves the timeline's events
     out (timeline.simulate_1f1b), nothing else."""
     from .timeline import eq7_seconds
-    engine = EngineTerms.of(profile, decomp)
-    own_terms, intervals = of_profile(profile)
-    cache = _Cache(profile, engine, own_terms if terms is None else terms, limits)
+    corrections = Corrections.of(profile, decomp, terms)
+    engine = corrections.engine
+    cache = _Cache(profile, engine, corrections.step, limits)
     times = [_stage_times(w, cache, engine, decomp.pipeline_engine) for w in decomp.stages]
     costs = [StageCost(forward=t.forward, backward=t.backward, send_activation=t.send_activation,
                        send_gradient=t.send_gradient, grad_allreduce=t.grad_allreduce,
@@ -425,7 +426,7 @@ def estimate(decomp: Decomposition, profile: Profile, terms: Optional[StepTerms]
     seconds = tl.iteration_seconds
     across = [s for s in (_inter_node_seconds(w, cache, m) for w in decomp.stages) if s is not None]
     regime = regime_of(bool(across), decomp.gpus_per_node)
-    interval = intervals.of(regime) if intervals is not None else None
+    interval = corrections.intervals.of(regime) if corrections.intervals is not None else None
     inter_share = min(max(across, default=0.0) / seconds, 1.0) if seconds > 0 else 0.0
     return IterationEstimate(
         iteration_seconds=seconds, timeline=tl, stages=tuple(times),

@@ -11,5 +11,5 @@ protocol   Profile: what estimate, plan, the runs and the renderers ask of any p
 
 Both kinds of profile (predictors/sampled.py, predictors/transfer.py) build on these;
 predictors/profile.py loads either. The engine and step-term sections live with the code that
-applies them (neox_perf/prediction/engine_terms.py, neox_perf/prediction/step_terms.py).
+applies them (neox_perf/prediction/corrections/).
 """

@@ -7,8 +7,8 @@ back as it was read.
 
 Sections: facts (facts.ClusterFacts), notes, provenance, calibration, training and arrays
 (sections.py), operators and collectives (models.ModelEntry), extrapolation (the marker of
-profiles whose trainer fitted efficiency curves), engine (engine_terms.EngineSection), step
-terms (step_terms.StepTermsSection), a calibrated profile's validation runs
+profiles whose trainer fitted efficiency curves), engine (corrections.EngineSection), step
+terms (corrections.StepTermsSection), a calibrated profile's validation runs
 (sections.Validation), whether its calibration was disturbed (disturbance.Disturbance), and, for a cluster description only, what was transferred (never
 written). Keys this version does not know are kept in `extra` and written back.
 
@@ -20,9 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from ..prediction.engine_terms import EngineSection
 from ..errors import ProfileError, reading, text
-from ..prediction.step_terms import StepTermsSection
+from ..prediction.corrections import EngineSection, StepTermsSection
 from .disturbance import Disturbance
 from .facts import ClusterFacts
 from .models import ModelEntry, parse_collectives, parse_operators

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from ..errors import ProfileError, reading, text
-from ..prediction.step_terms import Interval
+from ..prediction.corrections import Interval
 
 RETRAIN = ("retrain it with `python -m neox_perf.predictors.fitting.train` (a bundled profile) or "
            "`neox-perf calibrate` (your own)")
@@ -192,7 +192,7 @@ class ValidationRun:
 @dataclass(frozen=True)
 class Validation:
     """A calibrated profile's own validation runs (neox_perf/profile_validation.py) and the
-    interval their residuals give once there are enough (step_terms.VALIDATION_MIN_RUNS)."""
+    interval their residuals give once there are enough (corrections.VALIDATION_MIN_RUNS)."""
 
     runs: Tuple[ValidationRun, ...] = ()
     interval: Optional[Interval] = None

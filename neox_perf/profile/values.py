@@ -17,7 +17,7 @@ class Prediction:
     # where a collective's time comes from (neox_perf.prediction.collective_sources); operators leave it
     # empty, as does a profile whose collectives say neither (a test double, an older kind). A
     # correction fitted against one source rides on that source's prices alone
-    # (step_terms.StepTerms.collective): a link model lacks what a sampled fabric already shows.
+    # (corrections.StepTerms.collective): a link model lacks what a sampled fabric already shows.
     source: str = ""
 
 

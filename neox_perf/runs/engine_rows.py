@@ -80,7 +80,7 @@ class EngineRows:
              "optimizer_step", "grad_flatten", "grad_accumulate")
 
     def __init__(self, records: List[Dict[str, Any]], precision: Optional[str], accumulate=None):
-        """``accumulate``: the profile's grad_accumulate term (engine_terms.Linear), if any."""
+        """``accumulate``: the profile's grad_accumulate term (corrections.engine.Linear), if any."""
         self.records, self.precision, self.accumulate = records, precision, accumulate
         self.notes: List[str] = []
         self.counts: Dict[str, int] = {}

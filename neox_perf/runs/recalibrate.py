@@ -26,7 +26,7 @@ from ..profile.directory import replacing, write
 from ..profile.manifest import Manifest
 from ..profile.protocol import Profile
 from ..profile.sections import Provenance
-from ..prediction.step_terms import StepTerms, StepTermsSection
+from ..prediction.corrections import StepTerms, StepTermsSection
 from . import FromRunError, prediction
 from . import files as runfiles
 from .files import clean

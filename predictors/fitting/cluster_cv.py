@@ -12,7 +12,7 @@ from typing import Dict, Hashable, List, Sequence, Tuple
 
 import numpy as np
 
-from neox_perf.prediction.step_terms import FITTED, Interval, StepTerms
+from neox_perf.prediction.corrections import FITTED, Interval, StepTerms
 
 from . import step_fit
 
@@ -104,7 +104,7 @@ def symmetric_interval(measured: np.ndarray, predicted: np.ndarray, shares: np.n
 
 def covered(measured: np.ndarray, predicted: np.ndarray, shares: np.ndarray,
             interval: Dict[str, float]) -> float:
-    """Share (%) of runs inside ``interval`` (step_terms.Interval's dict) around each prediction."""
+    """Share (%) of runs inside ``interval`` (corrections.Interval's dict) around each prediction."""
     iv = Interval.from_dict(interval)
     inside = []
     for m, p, s in zip(measured, predicted, shares):

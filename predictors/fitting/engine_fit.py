@@ -1,7 +1,7 @@
 """The engine terms of a calibrated profile: what a real DeepSpeed step costs beyond the
 operator predictions, fitted on the engine calibration's measurements (calibration/engine.py,
 calibration/tp_allreduce.py) and, for `calibrate --from-run`, a training run's stage times
-(neox_perf/runs/engine_rows.py). The section they make is typed in neox_perf/prediction/engine_terms.py
+(neox_perf/runs/engine_rows.py). The section they make is typed in neox_perf/prediction/corrections/engine.py
 and applied by neox_perf/prediction/estimate.py.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 from neox_perf.errors import ProfileError
-from neox_perf.prediction.engine_terms import EngineSection
+from neox_perf.prediction.corrections import EngineSection
 from neox_perf.profile.directory import update as update_profile
 
 from .calibrated import FitRow
@@ -97,7 +97,7 @@ def _ratio_range(r: np.ndarray, m: np.ndarray) -> dict:
     among the rows: how far below (or above) its operators' sum a real phase was seen to run.
     A line fitted through these rows can leave that range outside them -- with a negative fixed
     part it crosses zero below the smallest shape -- so the terms keep a phase at no lower
-    ratio than the lowest here (engine_terms.Residual.floor). Empty when no row has both times
+    ratio than the lowest here (corrections.engine.Residual.floor). Empty when no row has both times
     positive (nothing measured to bound it by)."""
     operators = m - r
     ok = (operators > 0) & (m > 0)
@@ -377,7 +377,7 @@ def _priced_comm(profile, base, calls) -> float:
 
 def _fit_tensor_parallel(profile, rows: dict, terms: dict, statistic: str
                          ) -> Tuple[dict, List[FitRow]]:
-    from neox_perf.prediction.engine_terms import EngineSection, EngineTerms
+    from neox_perf.prediction.corrections import EngineSection, EngineTerms
 
     rows = [typical_row(r, statistic) for r in rows.values() if r.get("params")]
     if not rows:

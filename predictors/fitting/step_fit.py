@@ -1,4 +1,4 @@
-"""Fit the step terms (neox_perf/prediction/step_terms.py) on measured end-to-end runs.
+"""Fit the step terms (neox_perf/prediction/corrections/step.py) on measured end-to-end runs.
 
 An iteration is a max-plus composition (the 1F1B timeline) of stage costs that are linear in
 most step terms, so around any point it is nearly linear in them: T(theta) = c0 + F . theta,
@@ -20,7 +20,7 @@ import numpy as np
 
 from neox_perf.prediction.estimate import estimate
 from neox_perf.prediction.operators import decompose, stage_shapes
-from neox_perf.prediction.step_terms import FITTED, StepTerms
+from neox_perf.prediction.corrections import FITTED, StepTerms
 
 from .. import achievable
 

@@ -50,7 +50,7 @@ def test_update_seconds_equal_the_full_prediction(write_yaml):
     timed alone (predict.update_seconds), == the full prediction's stages, on every layout of a
     plan (ZeRO 0/1/2, pipelines or not), with and without engine terms."""
     from dataclasses import replace as dc_replace
-    from neox_perf.prediction.engine_terms import EngineSection
+    from neox_perf.prediction.corrections import EngineSection
     from neox_perf.prediction.predict import update_seconds
     pl, profile = planner(write_yaml("small.yml", SMALL), keep=0)
     plan = pl.run([8])

@@ -59,7 +59,7 @@ def test_terms_make_the_prediction_slower_than_the_operator_sum(capsys):
     from neox_perf.derive import derive
     from neox_perf.prediction.estimate import estimate
     from neox_perf.prediction.predict import load_cluster, predict
-    from neox_perf.prediction.step_terms import StepTerms
+    from neox_perf.prediction.corrections import StepTerms
     profile = load_cluster("perlmutter-a100-80gb")
     cfg, _, _ = build(load_files([str(EXAMPLES / "gpt-20b.yml")]), WorldRequest(gpus=128),
                       cluster_gpus_per_node=profile.facts.gpus_per_node)

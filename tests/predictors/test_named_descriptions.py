@@ -13,7 +13,7 @@ from neox_perf.cli import main
 from neox_perf.predictors import ProfileError, gpus, list_profiles, load_profile
 from neox_perf.predictors.cluster_file import bundled_descriptions
 from neox_perf.profile.directory import bundled_descriptions_dir
-from neox_perf.prediction.step_terms import of_profile
+from neox_perf.prediction.corrections import of_profile
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "neox_perf" / "examples"
 NEW = ("perlmutter-ss11", "hgx-h100", "gh200-ndr")

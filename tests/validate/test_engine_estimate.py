@@ -6,10 +6,9 @@ import pytest
 
 from neox_perf.config import WorldRequest, build, load_files
 from neox_perf.derive import derive
-from neox_perf.prediction.engine_terms import EngineSection
 from neox_perf.prediction.estimate import estimate
 from neox_perf.prediction.operators import StageShape, decompose
-from neox_perf.prediction.step_terms import StepTerms
+from neox_perf.prediction.corrections import EngineSection, StepTerms
 from neox_perf.predictors import load_profile
 
 ENGINE = {

@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from ..errors import ProfileError
+from ...errors import ProfileError
 
 RESIDUALS = ("layer_forward", "layer_backward", "other_forward", "other_backward",
              "tp_layer_forward", "tp_layer_backward", "tp_other_forward", "tp_other_backward")
