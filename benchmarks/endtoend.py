@@ -156,7 +156,7 @@ def _group_name(group) -> str:
 
 
 def _leave_one_cluster_out(args, single_runs, single, multi_runs, multi, profile, vtrain_terms,
-                           cv_single, cv_multi, cv_shares):
+                           cv_single, cv_multi, cv_shares, vtrain_unseen):
     """Fit on one cluster, predict the other, both ways (vTrain's A100 runs, single- and
     multi-node, against BigScience's BLOOM layout search on Jean Zay): per cluster and model
     MAPE, mean signed error, and within each model and condition Spearman's rank correlation
@@ -202,10 +202,17 @@ def _leave_one_cluster_out(args, single_runs, single, multi_runs, multi, profile
           f"fitted on vTrain's:")
     for n in FITTED:
         print(f"  {n:>22} = {getattr(bloom_terms, n):<12.6g} (vTrain: {getattr(vtrain_terms, n):.6g})")
+    # what each fit's runs could not see (a share of the fit's knowledge under step_fit.UNSEEN):
+    # the interval on the other cluster spans those terms (corrections/unseen.py)
+    bloom_unseen = step_fit.unseen_terms(step_fit.linearise(bloom, jz, bloom_terms)[0],
+                                         np.array([c.measured for c in bloom]))
+    for name, unseen_sd in (("BLOOM runs'", bloom_unseen), ("vTrain runs'", vtrain_unseen)):
+        print(f"  terms the {name} fit could not see (posterior sd): "
+              + (", ".join(f"{n} {v:.3g}" for n, v in unseen_sd.items()) or "none"))
     sets = {
         VTRAIN_NAME: dict(cases=vtrain_cases, profile=profile, fitted=vtrain_terms, groups=vtrain_groups,
-                          models=vtrain_models, regimes=regimes),
-        JEAN_ZAY_NAME: dict(cases=bloom, profile=jz, fitted=bloom_terms, groups=bloom_groups,
+                          models=vtrain_models, regimes=regimes, unseen=vtrain_unseen),
+        JEAN_ZAY_NAME: dict(cases=bloom, profile=jz, fitted=bloom_terms, groups=bloom_groups, unseen=bloom_unseen,
                             models=bloom_models, regimes=[ACROSS_NODES] * len(bloom),
                             pairs=bloom_pairs),
     }
@@ -271,9 +278,11 @@ def _leave_one_cluster_out(args, single_runs, single, multi_runs, multi, profile
     # the interval of a cluster nothing was fitted on, per regime; checked on each cluster with
     # the width the other cluster's transfer residuals give, then made from both for the profiles
     print("\n80% interval on a cluster nobody fitted on (symmetric: x exp(-q) .. x exp(q), q the 80th "
-          "percentile of |log measured/predicted| of runs predicted by terms fitted on the other cluster):")
+          "percentile of |log measured/predicted| of runs predicted by terms fitted on the other cluster; "
+          "then spanning the terms the other's runs could not see, as a profile's interval does):")
     for held, other in ((names[1], names[0]), (names[0], names[1])):
         h, o = sets[held], sets[other]
+        h["spread"] = step_fit.spread_all(h["cases"], h["profile"], o["fitted"], o["unseen"], h["loco"])
         for regime in (INSIDE_NODE, ACROSS_NODES):
             mine = np.array([r == regime for r in h["regimes"]])
             if not mine.any():
@@ -282,11 +291,19 @@ def _leave_one_cluster_out(args, single_runs, single, multi_runs, multi, profile
             if theirs.sum() < cluster_cv.MIN_LAYOUTS:
                 theirs = np.ones(len(o["regimes"]), dtype=bool)  # the other has no such runs: all of its
             iv = cluster_cv.symmetric_interval(o["measured"][theirs], o["loco"][theirs], o["shares"][theirs])
-            cov = cluster_cv.covered(h["measured"][mine], h["loco"][mine], h["shares"][mine], iv)
-            out["coverage"][f"{held}, {regime}"] = {"coverage": cov, "runs": int(mine.sum()),
-                                                    "interval_from": other, **iv}
+            args_ = (h["measured"][mine], h["loco"][mine], h["shares"][mine], iv)
+            spread = (h["spread"][0][mine], h["spread"][1][mine])
+            cov = cluster_cv.covered(*args_)
+            cov_spread = cluster_cv.covered(*args_, spread=spread)
+            lo, hi = cluster_cv.median_width(*args_, spread=spread)
+            out["coverage"][f"{held}, {regime}"] = {
+                "coverage": cov_spread, "coverage_without_unseen_terms": cov, "runs": int(mine.sum()),
+                "interval_from": other, **iv, "median_with_unseen_terms": [lo, hi]}
             print(f"  {held}, {regime} ({int(mine.sum())} runs): x{iv['lo_ratio']:.3f} .. x{iv['hi_ratio']:.3f} "
-                  f"from {other}'s residuals holds {cov:.1f}%")
+                  f"from {other}'s residuals holds {cov:.1f}%; spanning {other}'s unseen terms "
+                  f"{cov_spread:.1f}% (median x{lo:.3f} .. x{hi:.3f})")
+            if held == VTRAIN_NAME:
+                _coverage_by_tp(h["cases"], mine, args_, spread)
     # What the profiles ship: vTrain's terms. Their residuals on the cluster they were not
     # fitted on (Jean Zay) are the evidence of what a new cluster does to them: across nodes,
     # that interval itself; inside a node (no such runs on Jean Zay), the single-node
@@ -329,12 +346,28 @@ def _leave_one_cluster_out(args, single_runs, single, multi_runs, multi, profile
             # with the extrapolated shares of its own terms
             pred, shares = ((h["loco"], h["shares"]) if name == JEAN_ZAY_NAME
                             else (np.concatenate([cv_single, cv_multi]), cv_shares))
-            cov = cluster_cv.covered(h["measured"][mine], pred[mine], shares[mine], iv)
+            # the profiles' own unseen terms (vTrain's fit's): on Jean Zay as its transfer
+            # spread; vTrain's runs are the ones that fit says nothing of them
+            spread = (h["spread"][0][mine], h["spread"][1][mine]) if name == JEAN_ZAY_NAME else None
+            cov = cluster_cv.covered(h["measured"][mine], pred[mine], shares[mine], iv, spread=spread)
             out["coverage"][f"profiles' {regime} interval on {name}"] = {"coverage": cov, "runs": int(mine.sum())}
             print(f"    holds {cov:.1f}% of {name}'s {int(mine.sum())} runs"
                   + (" (its own width: in-sample)" if name == JEAN_ZAY_NAME else
                      " (predicted cross-validated within vTrain)"))
     return out
+
+
+def _coverage_by_tp(cases, mine, args_, spread) -> None:
+    """Coverage by tensor-parallel width (a key's third from last), without and with the spread:
+    a one-signed miss at one width is a missing term, which no spread should be asked to hide."""
+    tps = np.array([c.key[-3] for c in cases])[mine]
+    parts = []
+    for tp in sorted(set(tps.tolist())):
+        sel = tps == tp
+        sub = tuple(a[sel] for a in args_[:3]) + (args_[3],)
+        parts.append(f"tp {tp} {cluster_cv.covered(*sub):.0f}% -> "
+                     f"{cluster_cv.covered(*sub, spread=(spread[0][sel], spread[1][sel])):.0f}% ({int(sel.sum())})")
+    print("    by tensor-parallel width: " + ", ".join(parts))
 
 
 def _write_terms(profile_dir: Path, section: dict) -> None:
@@ -530,9 +563,13 @@ def main(argv=None) -> int:
     print("one NIC per GPU: no measured runs; the across-nodes interval with its high end raised by "
           "the job's inter-node share (corrections.ONE_NIC_UPWARD), coverage not measurable here")
 
+    # the terms the runs could not see, with their posterior sd: the profiles' interval spans them
+    unseen_sd = step_fit.unseen_terms(lin[0], np.array([c.measured for c in everything]))
+    print("terms the runs could not see (share of the fit's knowledge under "
+          f"{step_fit.UNSEEN}; posterior sd): " + (", ".join(f"{n} {v:.3g}" for n, v in unseen_sd.items()) or "none"))
     loco = _leave_one_cluster_out(args, single_runs, cases, multi_runs_kept, multi, profile, terms,
                                   cv_single, cv_multi,
-                                  np.concatenate([shares_s, shares_m]) if multi else shares_s)
+                                  np.concatenate([shares_s, shares_m]) if multi else shares_s, unseen_sd)
     if loco is not None:
         inside, across, coverage["leave one cluster out"] = loco["inside"], loco["across"], loco["coverage"]
     print(f"\nsummary: operator sum MAPE {step_fit.summary(measured_s, plain)['mape']:.2f}% -> "
@@ -542,7 +579,7 @@ def main(argv=None) -> int:
     print(f"({time.perf_counter() - started:.0f} s)")
     for target in ([args.write_terms] if args.write_terms else []) + list(args.also_write):
         section = {
-            "terms": terms.to_dict(), "interval": inside,
+            "terms": terms.to_dict(), **({"unseen_terms": unseen_sd} if unseen_sd else {}), "interval": inside,
             "fitted_on": (f"vTrain A100 runs: {len(cases)} single-node iterations through {profile.name}"
                           + (f", {len(multi)} multi-node iterations through {mprof.name}" if multi else "")),
             "fitted_gpu": profile.facts.gpu_name,

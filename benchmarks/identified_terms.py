@@ -38,7 +38,7 @@ from neox_perf.predictors.fitting import devset, step_fit  # noqa: E402
 
 SINGLE_CLUSTER = REPO / "neox_perf" / "examples" / "clusters" / "dgx-a100.yml"
 BLOOM_CLUSTER = REPO / "benchmarks" / "clusters" / "jean-zay-a100.yml"
-UNSEEN = 0.5  # a term whose share of the fit's knowledge from the runs is below this
+UNSEEN = step_fit.UNSEEN  # a term whose share of the fit's knowledge from the runs is below this
 
 
 def _by_tp(name, cases, predicted):

@@ -20,7 +20,7 @@ from .operators import CommCall, Decomposition, OpCall, StageWork
 from ..profile.protocol import Profile
 from .collective_sources import ENGINE_RUNS, LINK_MODEL
 from .corrections import (DATA_PARALLEL, FABRIC_NODES_FITTED, INSIDE_NODE, Corrections, EngineTerms,
-                          StepTerms, regime_of)
+                          StepTerms, of_profile, regime_of, unseen, unseen_of)
 from .timeline import StageCost, StageCostError, Timeline, simulate_1f1b
 
 
@@ -79,6 +79,10 @@ class IterationEstimate:
     # per collective purpose (dp_allreduce, mp_allreduce, pp_p2p, ...): where its prices came
     # from -- sampled on this cluster, a description's link model, or the engine's own run
     collective_sources: Dict[str, str] = field(default_factory=dict)
+    # per step term the profile's fitting runs could not see (corrections.unseen): the
+    # iteration priced with it at the low and the high end of its 80% range; the interval
+    # reaches what they say (span_unseen)
+    unseen_terms: Dict[str, Tuple[float, float]] = field(default_factory=dict)
 
 
 _RANK = {"sampled": 0, "in range": 1, "interpolated": 1, "extrapolated": 2}
@@ -440,3 +444,20 @@ def estimate(decomp: Decomposition, profile: Profile, terms: Optional[StepTerms]
         coverage=dict(sorted(cache.coverage.items())),
         regime=regime, inter_node_share=inter_share,
         collective_sources={k: " + ".join(sorted(v)) for k, v in sorted(cache.sources.items())})
+
+
+def span_unseen(decomp: Decomposition, profile: Profile, est: IterationEstimate,
+                limits=None) -> IterationEstimate:
+    """``est`` (estimate()'s, with the profile's own terms) with its 80% interval reaching the
+    step terms the profile's fitting runs could not see: each priced at either end of its range
+    (corrections/unseen.py). The point prediction stays; a profile without such terms, or
+    without an interval, comes back as it was."""
+    sd = unseen_of(profile)  # read first: most profiles have none, and this is check's path
+    if not sd or not est.interval_seconds:
+        return est
+    step, _ = of_profile(profile)
+    priced = {name: (estimate(decomp, profile, low, limits, events=False).iteration_seconds,
+                     estimate(decomp, profile, high, limits, events=False).iteration_seconds)
+              for name, low, high in unseen.ends(step, sd)}
+    by = unseen.spread(est.iteration_seconds, priced.values())
+    return replace(est, interval_seconds=unseen.widened(est.interval_seconds, by), unseen_terms=priced)

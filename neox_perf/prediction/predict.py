@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 from ..errors import ProfileError, UsageError
-from .estimate import IterationEstimate, estimate
+from .estimate import IterationEstimate, estimate, span_unseen
 from .operators import FP32_FROM_FP16, Decomposition, decompose, stage_shapes
 from ..profile.protocol import Profile
 from ..profile.sections import Calibration
@@ -45,7 +45,9 @@ def predict(cfg, derived, profile: Profile, *, precision: Optional[str] = None,
     tf32: whether an fp32 run's matmuls ran as TF32, where the caller knows (a hooked run's
     record; tf32_source says so); default the cluster's, else achievable.DEFAULT_TF32. Where the
     default is taken, the iteration is priced the other way too and the 80% interval reaches it
-    (price_other: False for callers that read no interval -- the planner's per-stage bounds).
+    (price_other: False for callers that read no interval -- the planner's per-stage bounds;
+    it also leaves out pricing the terms the profile's runs could not see at their ends,
+    estimate.span_unseen, which widens the interval the same way).
     """
     decomp, limits = _decomposed(cfg, derived, profile, precision, transformer_layers, tf32, tf32_source)
     if FP32_FROM_FP16 in decomp.notes:  # the samples were 16-bit only where limits rescaled them
@@ -53,6 +55,8 @@ def predict(cfg, derived, profile: Profile, *, precision: Optional[str] = None,
         decomp = replace(decomp, notes=tuple(note if n == FP32_FROM_FP16 else n
                                              for n in decomp.notes if n != FP32_FROM_FP16 or note))
     est = estimate(decomp, profile, limits=limits, events=timeline_events)
+    if price_other:  # the step terms the profile's runs could not see, at their ends
+        est = span_unseen(decomp, profile, est, limits)
     matmuls = limits.fp32_matmuls if limits is not None else None
     if price_other and matmuls is not None and not matmuls.known:
         est, matmuls = _reach_the_other(decomp, profile, limits, est, matmuls)

@@ -169,6 +169,9 @@ def _render_prediction(result, console) -> None:
                  + (f"  80% interval {_s(iv[0])} .. {_s(iv[1])} ({est.regime})" if iv else "  (no interval: the "
                     "profile carries no measured end-to-end residuals)")
                  + f"  (the closed form of arXiv 2509.22832, Eq. 7: {_s(est.eq7_seconds)})")
+    if est.unseen_terms:
+        grid.add_row("", "the interval spans step terms the profile's runs could not see: "
+                     + ", ".join(f"{n} {_s(lo)} .. {_s(hi)}" for n, (lo, hi) in est.unseen_terms.items()))
     grid.add_row("throughput", f"{pred['tokens_per_second']:,.0f} tokens/s"
                  + (f", {pred['tflops_per_gpu']:.1f} TFLOP/s per GPU" if pred.get("tflops_per_gpu") else "")
                  + (f", MFU {pred['mfu']:.1%}" if pred.get("mfu") else ""))

@@ -12,7 +12,7 @@ from typing import Dict, Hashable, List, Sequence, Tuple
 
 import numpy as np
 
-from neox_perf.prediction.corrections import FITTED, Interval, StepTerms
+from neox_perf.prediction.corrections import FITTED, Interval, StepTerms, unseen
 
 from . import step_fit
 
@@ -103,14 +103,32 @@ def symmetric_interval(measured: np.ndarray, predicted: np.ndarray, shares: np.n
 
 
 def covered(measured: np.ndarray, predicted: np.ndarray, shares: np.ndarray,
-            interval: Dict[str, float]) -> float:
-    """Share (%) of runs inside ``interval`` (corrections.Interval's dict) around each prediction."""
+            interval: Dict[str, float], spread=None) -> float:
+    """Share (%) of runs inside ``interval`` (corrections.Interval's dict) around each prediction;
+    ``spread``: per run, the (down, up) arrays of the unseen terms (step_fit.spread_all) that
+    widen it as a profile's does (corrections.unseen.widened)."""
+    return 100.0 * float(np.mean(_inside(measured, predicted, shares, interval, spread)[0])) \
+        if len(measured) else float("nan")
+
+
+def median_width(measured: np.ndarray, predicted: np.ndarray, shares: np.ndarray,
+                 interval: Dict[str, float], spread=None) -> Tuple[float, float]:
+    """The median of each run's interval ends, as ratios to its prediction (lo, hi)."""
+    _, lo, hi = _inside(measured, predicted, shares, interval, spread)
+    return float(np.median(lo)), float(np.median(hi))
+
+
+def _inside(measured, predicted, shares, interval, spread):
     iv = Interval.from_dict(interval)
-    inside = []
-    for m, p, s in zip(measured, predicted, shares):
+    inside, los, his = [], [], []
+    for i, (m, p, s) in enumerate(zip(measured, predicted, shares)):
         lo, hi = iv.around(p, s)
+        if spread is not None:
+            lo, hi = unseen.widened((lo, hi), (spread[0][i], spread[1][i]))
         inside.append(lo <= m <= hi)
-    return 100.0 * float(np.mean(inside)) if inside else float("nan")
+        los.append(lo / p)
+        his.append(hi / p)
+    return np.array(inside), np.array(los), np.array(his)
 
 
 def summary_line(name: str, measured: np.ndarray, predicted: np.ndarray) -> Tuple[str, Dict[str, float]]:

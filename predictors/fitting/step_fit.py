@@ -20,7 +20,7 @@ import numpy as np
 
 from neox_perf.prediction.estimate import estimate
 from neox_perf.prediction.operators import decompose, stage_shapes
-from neox_perf.prediction.corrections import FITTED, StepTerms
+from neox_perf.prediction.corrections import FITTED, StepTerms, unseen
 
 from .. import achievable
 
@@ -149,6 +149,43 @@ def runs_share(F: np.ndarray, measured: np.ndarray, names: Sequence[str] = FITTE
     posterior = np.linalg.inv(A.T @ A + np.diag(prior_precision))
     share = 1.0 - np.diag(posterior) * prior_precision
     return {n: float(min(1.0, max(0.0, v))) for n, v in zip(names, share)}
+
+
+# a term whose runs' share of what the fit knows about it (runs_share) is below this is one the
+# runs could not see: its value is the prior's, and the interval spans its prior (unseen_terms)
+UNSEEN = 0.5
+
+
+def posterior_sd(F: np.ndarray, measured: np.ndarray, names: Sequence[str] = FITTED) -> Dict[str, float]:
+    """Per term, its standard deviation after the fit, in the term's own units: the posterior of
+    the quadratic part of the loss near its minimum, the runs' relative error at ROBUST_SCALE
+    (the scale the prior is stated in: a term the runs cannot see keeps its PRIOR_SD).
+    ``F``: linearise()'s, at the fitted terms."""
+    A = F / measured[:, None]
+    PA, _ = _prior_rows(names)
+    posterior = np.linalg.inv(A.T @ A + np.diag(np.diag(PA) ** 2))
+    return {n: float(ROBUST_SCALE * math.sqrt(max(0.0, v))) for n, v in zip(names, np.diag(posterior))}
+
+
+def unseen_terms(F: np.ndarray, measured: np.ndarray, names: Sequence[str] = FITTED) -> Dict[str, float]:
+    """The terms the runs could not see (runs_share under UNSEEN), with their posterior_sd: what
+    the manifest's step_terms.unseen_terms carries, and the interval spans
+    (corrections.unseen, estimate.span_unseen)."""
+    share, sd = runs_share(F, measured, names), posterior_sd(F, measured, names)
+    return {n: sd[n] for n in names if share[n] < UNSEEN}
+
+
+def spread_all(cases: Sequence[Case], profile, terms: StepTerms, unseen_sd: Dict[str, float],
+               predicted: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """Per case, the (down, up) relative spread of its prediction under ``terms`` that the
+    unseen terms (unseen_terms()) give at either end of their range: what
+    estimate.span_unseen widens a profile's interval by, for a whole set of runs."""
+    priced = [(predict_all(cases, profile, lo), predict_all(cases, profile, hi))
+              for _, lo, hi in unseen.ends(terms, unseen_sd)]
+    down, up = np.zeros(len(cases)), np.zeros(len(cases))
+    for i, p in enumerate(predicted):
+        down[i], up[i] = unseen.spread(float(p), [(a[i], b[i]) for a, b in priced])
+    return down, up
 
 
 def solve(F: np.ndarray, c0: np.ndarray, measured: np.ndarray,

@@ -17,6 +17,8 @@ PREDICTION_KEYS = {
     "neox_log", "slurm_time", "regime", "inter_node_share",
     # where each collective's price came from (sampled / link model / engine runs)
     "collective_sources",
+    # per step term the profile's runs could not see, the iteration at its two ends (empty: none)
+    "unseen_terms",
 }
 
 

@@ -21,21 +21,25 @@ apply them; Corrections carries one profile's, read once per estimate):
     7. per micro-batch and per step (StepTerms.per_micro_batch, step_s): the engine's own
        bookkeeping where the step terms measured it;
     8. the interval (interval.Intervals, per regime), widened where the terms were measured
-       on another GPU (of_profile) and where a prediction extrapolates.
+       on another GPU (of_profile) and where a prediction extrapolates, and reaching what the
+       step terms the fitting runs could not see say at either end of their range
+       (unseen.py; estimate.span_unseen).
 
 Modules: step (StepTerms, fitted on measured end-to-end runs), engine (EngineSection /
 EngineTerms, fitted by `calibrate`), interval (Interval, Intervals, the regimes), section (the
-manifest's "step_terms" section), of_profile (what a profile carries: Corrections, of_profile).
+manifest's "step_terms" section), of_profile (what a profile carries: Corrections, of_profile),
+unseen (the terms a fit's runs could not see: their ends and the interval's spread).
 """
 from .engine import EngineSection, EngineTerms, EngineTermsError
 from .interval import (ACROSS_NODES, INSIDE_NODE, ONE_NIC_PER_GPU, ONE_NIC_UPWARD, REGIMES,
                        Interval, Intervals, regime_of)
-from .of_profile import VALIDATION_MIN_RUNS, Corrections, of_profile
+from .of_profile import VALIDATION_MIN_RUNS, Corrections, of_profile, unseen_of
 from .section import REFIT, StepTermsSection
+from . import unseen
 from .step import COMPUTE_BOUND, DATA_PARALLEL, FABRIC_NODES_FITTED, FITTED, StepTerms, fabric_nodes
 
 __all__ = ["ACROSS_NODES", "COMPUTE_BOUND", "Corrections", "DATA_PARALLEL", "EngineSection",
            "EngineTerms", "EngineTermsError", "FABRIC_NODES_FITTED", "FITTED", "INSIDE_NODE",
            "Interval", "Intervals", "ONE_NIC_PER_GPU", "ONE_NIC_UPWARD", "REFIT", "REGIMES",
            "StepTerms", "StepTermsSection", "VALIDATION_MIN_RUNS", "fabric_nodes", "of_profile",
-           "regime_of"]
+           "regime_of", "unseen", "unseen_of"]

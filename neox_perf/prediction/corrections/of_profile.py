@@ -2,8 +2,8 @@
 one that concerns only the interval: terms measured on another GPU widen it (of_profile)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Mapping, Optional, Tuple
 
 from .engine import EngineTerms
 from .interval import Intervals
@@ -40,6 +40,19 @@ def of_profile(profile) -> Tuple[StepTerms, Optional[Intervals]]:
     return terms, intervals
 
 
+def unseen_of(profile) -> Mapping[str, float]:
+    """The step terms the profile's fitting runs could not see, with their standard deviations
+    (StepTermsSection.unseen_terms; corrections/unseen.py). Empty where the interval is the
+    profile's own validation runs': measured with these terms on its own machine, those
+    residuals already hold what the terms miss there."""
+    manifest = profile.manifest
+    own = manifest.validation
+    if own is not None and own.interval is not None and len(own.runs) >= VALIDATION_MIN_RUNS:
+        return {}
+    section = manifest.step_terms or StepTermsSection()
+    return dict(section.unseen_terms or {}) if section.terms is not None else {}
+
+
 def _same_gpu(a: str, b: str) -> bool:
     norm = lambda s: "".join(ch for ch in s.lower() if ch.isalnum()).replace("nvidia", "")
     return norm(a) == norm(b)
@@ -54,12 +67,16 @@ class Corrections:
     step: StepTerms = StepTerms()
     engine: Optional[EngineTerms] = None
     intervals: Optional[Intervals] = None
+    # the profile's terms its runs could not see, by name, with their standard deviations: the
+    # interval spans them (unseen.py); empty for trial terms (a fit's are its own question)
+    unseen: Mapping[str, float] = field(default_factory=dict)
 
     @classmethod
     def of(cls, profile, decomp, step: Optional[StepTerms] = None) -> "Corrections":
         """``step``: step terms to apply in place of the profile's own (fitting passes trials)."""
         own, intervals = of_profile(profile)
-        return cls(own if step is None else step, EngineTerms.of(profile, decomp), intervals)
+        return cls(own if step is None else step, EngineTerms.of(profile, decomp), intervals,
+                   unseen_of(profile) if step is None else {})
 
     def measured_collective(self, call) -> Optional[float]:
         """Seconds of a collective as the engine's own run timed it, where a calibration measured

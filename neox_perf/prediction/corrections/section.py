@@ -3,17 +3,18 @@
 fitted (StepTermsSection: frozen, one-line errors, written back as read)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, Mapping, Optional
 
 from ...errors import ProfileError, reading, text
 from .interval import ACROSS_NODES, Interval, Intervals
-from .step import StepTerms
+from .step import FITTED, StepTerms
 
 
 REFIT = "refit them (benchmarks/endtoend.py --write-terms, or `neox-perf calibrate --from-run`)"
 # the section's keys in the order its writers write them (benchmarks/endtoend.py)
-SECTION_ORDER = ("terms", "interval", "intervals", "fitted_on", "fitted_gpu", "other_gpu_widen",
+SECTION_ORDER = ("terms", "unseen_terms", "interval", "intervals", "fitted_on", "fitted_gpu", "other_gpu_widen",
                  "assumptions", "cross_validation", "interval_coverage", "command")
 # regimes whose interval the section stores beside `interval` (inside a node), by key
 STORED_REGIMES = {"across_nodes": ACROSS_NODES}
@@ -25,6 +26,9 @@ class StepTermsSection:
     cross-validated residuals put around a prediction, and where both were fitted."""
 
     terms: Optional[StepTerms] = None  # None: the plain sum of operator predictions
+    # terms the runs could not see (step_fit.unseen_terms), each with its posterior standard
+    # deviation: their values are the prior's, and the interval spans them (corrections/unseen.py)
+    unseen_terms: Optional[Mapping[str, float]] = None
     interval: Optional[Interval] = None  # inside a node (older sections: every regime)
     intervals: Optional[Mapping[str, Interval]] = None  # other regimes', by STORED_REGIMES key
     fitted_on: Optional[str] = None  # what the terms were fitted on, for the reports
@@ -43,6 +47,19 @@ class StepTermsSection:
         out: Dict[str, Any] = {}
         with reading(f"{where}.terms", REFIT):
             out["terms"] = None if data.get("terms") is None else StepTerms.from_dict(data["terms"])
+        unseen = data.get("unseen_terms")
+        if unseen is not None:
+            if not isinstance(unseen, Mapping) or set(unseen) - set(FITTED):
+                raise ProfileError(f"{where}.unseen_terms", "not a mapping of step terms ("
+                                   + ", ".join(FITTED) + ") to standard deviations", REFIT)
+            parsed_sd = {}
+            for key, value in unseen.items():
+                with reading(f"{where}.unseen_terms.{key}", REFIT):
+                    sd = float(value)
+                    if not (math.isfinite(sd) and sd >= 0):
+                        raise ValueError(f"a standard deviation must be a finite number >= 0, got {value!r}")
+                    parsed_sd[key] = sd
+            out["unseen_terms"] = parsed_sd
         with reading(f"{where}.interval", REFIT):
             out["interval"] = None if data.get("interval") is None else Interval.from_dict(data["interval"])
         regimes = data.get("intervals")
