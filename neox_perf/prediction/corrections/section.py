@@ -47,31 +47,12 @@ class StepTermsSection:
         out: Dict[str, Any] = {}
         with reading(f"{where}.terms", REFIT):
             out["terms"] = None if data.get("terms") is None else StepTerms.from_dict(data["terms"])
-        unseen = data.get("unseen_terms")
-        if unseen is not None:
-            if not isinstance(unseen, Mapping) or set(unseen) - set(FITTED):
-                raise ProfileError(f"{where}.unseen_terms", "not a mapping of step terms ("
-                                   + ", ".join(FITTED) + ") to standard deviations", REFIT)
-            parsed_sd = {}
-            for key, value in unseen.items():
-                with reading(f"{where}.unseen_terms.{key}", REFIT):
-                    sd = float(value)
-                    if not (math.isfinite(sd) and sd >= 0):
-                        raise ValueError(f"a standard deviation must be a finite number >= 0, got {value!r}")
-                    parsed_sd[key] = sd
-            out["unseen_terms"] = parsed_sd
+        out["unseen_terms"] = _keyed(data, "unseen_terms", where, FITTED, "step terms",
+                                     "standard deviations", _sd)
         with reading(f"{where}.interval", REFIT):
             out["interval"] = None if data.get("interval") is None else Interval.from_dict(data["interval"])
-        regimes = data.get("intervals")
-        if regimes is not None:
-            if not isinstance(regimes, Mapping) or set(regimes) - set(STORED_REGIMES):
-                raise ProfileError(f"{where}.intervals", "not a mapping of "
-                                   + ", ".join(STORED_REGIMES) + " to intervals", REFIT)
-            parsed = {}
-            for key, value in regimes.items():
-                with reading(f"{where}.intervals.{key}", REFIT):
-                    parsed[key] = Interval.from_dict(value)
-            out["intervals"] = parsed
+        out["intervals"] = _keyed(data, "intervals", where, STORED_REGIMES, "", "intervals",
+                                  Interval.from_dict)
         for key, kind in (("fitted_on", text), ("fitted_gpu", text), ("other_gpu_widen", float)):
             with reading(f"{where}.{key}", REFIT):
                 out[key] = None if data.get(key) is None else kind(data[key])
@@ -107,3 +88,26 @@ class StepTermsSection:
 
 
 _TYPED = tuple(f.name for f in fields(StepTermsSection) if f.name not in ("extra", "terms_as_read"))
+
+
+def _sd(value) -> float:
+    sd = float(value)
+    if not (math.isfinite(sd) and sd >= 0):
+        raise ValueError(f"a standard deviation must be a finite number >= 0, got {value!r}")
+    return sd
+
+
+def _keyed(data: Mapping[str, Any], key: str, where: str, allowed, what: str, to: str, parse):
+    """``data[key]``: a mapping from some of ``allowed`` to values ``parse`` reads, or None
+    where absent; each value's error names its own key."""
+    given = data.get(key)
+    if given is None:
+        return None
+    if not isinstance(given, Mapping) or set(given) - set(allowed):
+        raise ProfileError(f"{where}.{key}", "not a mapping of " + (f"{what} (" if what else "")
+                           + ", ".join(allowed) + (")" if what else "") + f" to {to}", REFIT)
+    parsed = {}
+    for name, value in given.items():
+        with reading(f"{where}.{key}.{name}", REFIT):
+            parsed[name] = parse(value)
+    return parsed
