@@ -80,12 +80,23 @@ def test_check_widens_the_interval_by_what_each_unseen_term_prices_and_keeps_the
 
 
 def test_trial_terms_span_nothing_and_a_profile_without_the_key_has_none(tmp_path):
-    from neox_perf.prediction.corrections import Corrections
+    from neox_perf.config import WorldRequest, build, load_files
+    from neox_perf.derive import derive
     from neox_perf.prediction.corrections.of_profile import unseen_of
+    from neox_perf.prediction.estimate import estimate
+    from neox_perf.prediction.predict import predict
     profile = load_profile(str(_profile_with(tmp_path, UNSEEN)))
     assert unseen_of(profile) == UNSEEN
-    assert Corrections.of(profile, None, StepTerms()).unseen == {}  # a fit's trial is its own question
     assert unseen_of(load_profile("perlmutter-a100-80gb")) == {}
+    cfg, _, _ = build(load_files([str(EXAMPLES / "llemma-7b.yml")]), WorldRequest(gpus=8, gpus_per_node=8))
+    own = predict(cfg, derive(cfg, 50257), profile)
+    assert set(own.estimate.unseen_terms) == set(UNSEEN)
+    # a fit's trial terms (estimate with terms=, as step_fit prices them) are its own question:
+    # nothing spans them, and the interval is the residuals' alone
+    trial = estimate(own.decomposition, profile, StepTerms())
+    assert trial.unseen_terms == {}
+    # the planner's per-stage bounds (price_other=False) price no ends either
+    assert predict(cfg, derive(cfg, 50257), profile, price_other=False).estimate.unseen_terms == {}
 
 
 def test_a_term_the_runs_cannot_see_keeps_its_prior_sd_and_a_seen_one_narrows():

@@ -143,12 +143,20 @@ def runs_share(F: np.ndarray, measured: np.ndarray, names: Sequence[str] = FITTE
     its prior's neutral value -- not a measurement of the cluster, which a cluster whose runs
     do see the term will contradict (e.g. a per-launch host cost the BLOOM layout search's
     180B models, never host-bound, cannot show). ``F``: linearise()'s, at the fitted terms."""
+    variance, prior_precision = _posterior_variance(F, measured, names)
+    share = 1.0 - variance * prior_precision
+    return {n: float(min(1.0, max(0.0, v))) for n, v in zip(names, share)}
+
+
+def _posterior_variance(F: np.ndarray, measured: np.ndarray,
+                        names: Sequence[str]) -> Tuple[np.ndarray, np.ndarray]:
+    """Per term, its variance under runs and prior together (the quadratic part of solve()'s
+    loss near its minimum, in the loss's units) and its prior's precision in the same units:
+    what runs_share and posterior_sd both read."""
     A = F / measured[:, None]
     PA, _ = _prior_rows(names)
     prior_precision = np.diag(PA) ** 2
-    posterior = np.linalg.inv(A.T @ A + np.diag(prior_precision))
-    share = 1.0 - np.diag(posterior) * prior_precision
-    return {n: float(min(1.0, max(0.0, v))) for n, v in zip(names, share)}
+    return np.diag(np.linalg.inv(A.T @ A + np.diag(prior_precision))), prior_precision
 
 
 # a term whose runs' share of what the fit knows about it (runs_share) is below this is one the
@@ -161,10 +169,8 @@ def posterior_sd(F: np.ndarray, measured: np.ndarray, names: Sequence[str] = FIT
     the quadratic part of the loss near its minimum, the runs' relative error at ROBUST_SCALE
     (the scale the prior is stated in: a term the runs cannot see keeps its PRIOR_SD).
     ``F``: linearise()'s, at the fitted terms."""
-    A = F / measured[:, None]
-    PA, _ = _prior_rows(names)
-    posterior = np.linalg.inv(A.T @ A + np.diag(np.diag(PA) ** 2))
-    return {n: float(ROBUST_SCALE * math.sqrt(max(0.0, v))) for n, v in zip(names, np.diag(posterior))}
+    variance, _ = _posterior_variance(F, measured, names)
+    return {n: float(ROBUST_SCALE * math.sqrt(max(0.0, v))) for n, v in zip(names, variance)}
 
 
 def unseen_terms(F: np.ndarray, measured: np.ndarray, names: Sequence[str] = FITTED) -> Dict[str, float]:

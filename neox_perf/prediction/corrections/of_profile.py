@@ -2,7 +2,7 @@
 one that concerns only the interval: terms measured on another GPU widen it (of_profile)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Mapping, Optional, Tuple
 
 from .engine import EngineTerms
@@ -67,16 +67,12 @@ class Corrections:
     step: StepTerms = StepTerms()
     engine: Optional[EngineTerms] = None
     intervals: Optional[Intervals] = None
-    # the profile's terms its runs could not see, by name, with their standard deviations: the
-    # interval spans them (unseen.py); empty for trial terms (a fit's are its own question)
-    unseen: Mapping[str, float] = field(default_factory=dict)
 
     @classmethod
     def of(cls, profile, decomp, step: Optional[StepTerms] = None) -> "Corrections":
         """``step``: step terms to apply in place of the profile's own (fitting passes trials)."""
         own, intervals = of_profile(profile)
-        return cls(own if step is None else step, EngineTerms.of(profile, decomp), intervals,
-                   unseen_of(profile) if step is None else {})
+        return cls(own if step is None else step, EngineTerms.of(profile, decomp), intervals)
 
     def measured_collective(self, call) -> Optional[float]:
         """Seconds of a collective as the engine's own run timed it, where a calibration measured
