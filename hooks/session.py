@@ -169,10 +169,15 @@ class Session:
                 from torch.autograd.profiler import record_function
                 self._iter_rf = record_function("neox_perf::iteration")
                 self._iter_rf.__enter__()
-        t0, c0 = time.perf_counter(), time.thread_time()
+        # the CPU clock is read inside the wall clock's reads, so that the CPU interval lies
+        # within the wall one: read in the same order at both ends, each interval holds the
+        # other clock's syscall and the CPU time of a sub-millisecond span read above its wall
+        # time in 96% of 20,000 trials here (up to 2x)
+        t0 = time.perf_counter()
+        c0 = time.thread_time()
         self.guard("starting an iteration", go)
-        self._self_pending = time.perf_counter() - t0
         self._self_cpu_pending = time.thread_time() - c0
+        self._self_pending = time.perf_counter() - t0
 
     def end_iteration(self, ok: bool = True) -> None:
         def go():
@@ -202,11 +207,14 @@ class Session:
                 self.write_summary()
             # a window's own iterations, and the step that opens the next one, are its cost
             return not profiled and not (self.windowed is not None and self.windowed.active)
-        t0, c0 = time.perf_counter(), time.thread_time()
+        t0 = time.perf_counter()  # nested as in begin_iteration
+        c0 = time.thread_time()
         between_windows = self.guard("ending an iteration", go)
+        c1 = time.thread_time()
+        t1 = time.perf_counter()
         if between_windows:
-            self.self_seconds += self._self_pending + time.perf_counter() - t0
-            self.self_cpu_seconds += self._self_cpu_pending + time.thread_time() - c0
+            self.self_seconds += self._self_pending + t1 - t0
+            self.self_cpu_seconds += self._self_cpu_pending + c1 - c0
             self.self_iterations += 1
 
     @property

@@ -153,7 +153,11 @@ def test_report_predicted_vs_measured(hooked):
     # there (a mean of 3 iterations), so it is held only to lie inside the iteration
     hook = m["hook_overhead"]
     assert 0 < hook["per_iteration_cpu_seconds"] < 1e-3 and 0 < hook["cpu_share"] < 0.05
-    assert hook["per_iteration_cpu_seconds"] <= hook["per_iteration_seconds"] * 1.01
+    # each rank reads its CPU clock inside its wall clock's reads, so its hook CPU time can
+    # never exceed its hook wall time (the costliest ranks of each may differ)
+    for rank in m["per_rank"]:
+        assert 0 < rank["hook_cpu_seconds"] <= rank["hook_seconds"], rank
+    assert hook["per_iteration_cpu_seconds"] <= hook["per_iteration_seconds"]
     assert 0 < hook["per_iteration_seconds"] and 0 < hook["share"] < 1
     comp = {c["name"]: c for c in r["components"]}
     for name in ("stage 0 forward (per micro-batch)", "stage 1 backward (per micro-batch)",
