@@ -78,6 +78,9 @@ class Plan:
     collective_warmup: int = 2
     collective_repeats: int = 5
     skipped: Dict[str, int] = field(default_factory=dict)  # op -> combinations not whole
+    # passes over the points, every other one in reverse order, each taking its share of the
+    # protocol's runs; a point's sample pools them (calibration/sweep.py: OPERATOR_SWEEPS)
+    sweeps: int = 1
 
     def __len__(self) -> int:
         return len(self.points)
@@ -253,6 +256,16 @@ def _protocol(raw, file, key, default=(3, 10)) -> Tuple[int, int, float, int]:
     return warmup, repeats, float(min_seconds), max_repeats
 
 
+MAX_SWEEPS = 4
+
+
+def _sweeps(value, file) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SWEEPS:
+        raise PlanError(file, "protocol.sweeps", f"{value!r} is not a whole number from 1 to {MAX_SWEEPS}",
+                        "give 1 (each point's runs back to back) or 2 (two passes, the second reversed)")
+    return value
+
+
 def _op_points(op: str, raw: dict, defaults: dict, file: str, key: Optional[str] = None
                ) -> Tuple[List[Dict[str, Any]], int, Tuple[str, ...]]:
     key = key or f"ops.{op}"
@@ -324,7 +337,9 @@ def parse_plan(data: Any, *, source: str = "<plan>", name: Optional[str] = None,
     if extra:
         raise PlanError(file, sorted(map(str, extra))[0], "unknown key",
                         f"top-level keys are {', '.join(sorted(_TOP_KEYS))}")
-    warmup, repeats, min_seconds, max_repeats = _protocol(data.get("protocol"), file, "protocol")
+    protocol = dict(_mapping(data.get("protocol"), file, "protocol"))
+    sweeps = _sweeps(protocol.pop("sweeps", 1), file)
+    warmup, repeats, min_seconds, max_repeats = _protocol(protocol, file, "protocol")
     dtype = data.get("dtype", "auto")
     if dtype not in DTYPE_CHOICES:
         raise PlanError(file, "dtype", f"unknown dtype {dtype!r}", f"use {', '.join(DTYPE_CHOICES)}")
@@ -372,7 +387,7 @@ def parse_plan(data: Any, *, source: str = "<plan>", name: Optional[str] = None,
                 warmup=warmup, repeats=repeats, min_seconds=min_seconds, max_repeats=max_repeats,
                 dtype=dtype, points=tuple(points),
                 collectives=collectives, collective_warmup=cwarm, collective_repeats=crep,
-                skipped=skipped)
+                skipped=skipped, sweeps=sweeps)
 
 
 def _collectives(raw, file) -> Tuple[Dict[str, Tuple[int, ...]], int, int]:
@@ -491,7 +506,10 @@ def estimated_seconds(plan: Plan, seconds_of: Callable[[str, str, Dict[str, Any]
         runs = plan.repeats
         if plan.min_seconds > 0:
             runs = max(runs, min(most, math.ceil(plan.min_seconds / t)))
-        total += (plan.warmup + runs) * (t + fwd) + fwd + per_point
+        # each sweep its share of the runs, with its own warm-up (one run after the first
+        # sweep: calibration/sweep.per_sweep), forward and set-up
+        warmups = plan.warmup + (plan.sweeps - 1) * min(plan.warmup, 1)
+        total += (runs + warmups) * (t + fwd) + plan.sweeps * (fwd + per_point)
     return total
 
 

@@ -163,6 +163,16 @@ def _locked(exc: BaseException) -> bool:
     return isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text)
 
 
+_SELECT_SAMPLES = ("SELECT id, op, phase, features, dtype, seconds, repeats, median, iqr, min, device_id, "
+                   "run_id, rank, stage, source, info, created FROM samples")
+
+
+def _sample(r) -> Sample:
+    return Sample(id=r[0], op=r[1], phase=r[2], features=json.loads(r[3]), dtype=r[4], seconds=r[5],
+                  repeats=r[6], median=r[7], iqr=r[8], min=r[9], device_id=r[10], run_id=r[11],
+                  rank=r[12], stage=r[13], source=r[14], info=json.loads(r[15]), created=r[16])
+
+
 class SampleStore:
     """``SampleStore(path)`` opens (creating if missing) a sample store; a context manager."""
 
@@ -456,15 +466,19 @@ class SampleStore:
             if value is not None:
                 where.append(f"{column} = ?")
                 params.append(value)
-        sql = ("SELECT id, op, phase, features, dtype, seconds, repeats, median, iqr, min, device_id, "
-               "run_id, rank, stage, source, info, created FROM samples")
+        sql = _SELECT_SAMPLES
         if where:
             sql += " WHERE " + " AND ".join(where)
-        rows = self._read(sql + " ORDER BY id", params)
-        return [Sample(id=r[0], op=r[1], phase=r[2], features=json.loads(r[3]), dtype=r[4],
-                       seconds=r[5], repeats=r[6], median=r[7], iqr=r[8], min=r[9], device_id=r[10],
-                       run_id=r[11], rank=r[12], stage=r[13], source=r[14], info=json.loads(r[15]),
-                       created=r[16]) for r in rows]
+        return [_sample(r) for r in self._read(sql + " ORDER BY id", params)]
+
+    def calibration_sample(self, op: str, phase: str, features: Mapping[str, Any], *, device: int,
+                           dtype: str) -> Optional[Sample]:
+        """The calibration sample of one point (None where it is not stored): the one
+        ``has_sample`` finds, whole, for a later sweep to pool with."""
+        rows = self._read(_SELECT_SAMPLES + " WHERE op=? AND phase=? AND features=? AND dtype=? AND "
+                          "device_id=? AND source='calibrate' AND run_scope=0 AND rank=0",
+                          (op, phase, canonical_features(op, phase, features), str(dtype), int(device)))
+        return _sample(rows[0]) if rows else None
 
     def rows(self, op: Optional[str] = None, device: Optional[int] = None,
              source: Optional[str] = None) -> List[Dict[str, Any]]:

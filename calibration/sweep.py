@@ -22,6 +22,16 @@ from .store import SampleStore
 
 Progress = Callable[[int, int, str], None]
 MEMORY_FRACTION = 0.5  # leave room for the allocator, the interpreter and the rest of the box
+# A plan's `protocol.sweeps` (2 in the bundled plans) times the points in that many passes, every
+# other one in reverse order, each taking its share of the protocol's runs; a point's sample is
+# the fastest of all of them. A point's runs taken back to back share the machine's state of
+# that second: on this project's 2-core VM, of two fresh calibrations 30 minutes apart
+# (2026-12-04, docs/validation.md), blocks of neighbouring points -- the head's GEMMs among them
+# -- ran 1.2-1.9x slow with every one of their runs on the same side, and moved the second
+# profile's predictions 5% on average, all one way, while the reference probe read the machine
+# level. A second pass minutes later, in the other order, gives every point another moment;
+# the minimum keeps the one the machine was itself in. (The engine step's passes did the same for
+# its shapes: calibration/engine.py, ENGINE_SWEEPS.)
 
 
 @dataclass
@@ -40,6 +50,8 @@ class CalibrationSummary:
     failed: List[Tuple[str, str]] = field(default_factory=list)  # (point label, reason)
     seconds: float = 0.0
     remeasured: int = 0  # stored points marked disturbed, measured again
+    sweeps: int = 1  # the plan's passes over its points
+    pooled: int = 0  # points timed again in a later sweep, their runs pooled with the earlier ones'
     disturbance: Optional[Dict[str, Any]] = None  # the watch's record (disturbance.Watch.record)
 
     def to_dict(self) -> Dict[str, Any]:
@@ -148,21 +160,22 @@ def calibrate(plan=None, store_path=None, *, clock: Optional[Callable[[], float]
     timer = bench.Timer(clock, device=dev)
     protocol = bench.Protocol(plan_obj.warmup, plan_obj.repeats, plan_obj.min_seconds,
                               plan_obj.max_repeats)
+    sweeps = max(1, int(plan_obj.sweeps))
     with pinned_threads(pick_threads(threads, dev)), SampleStore(store_path) as store:
         device_id = store.register_device(fingerprint(dev))
         run_info = {"plan_digest": plan_obj.digest, "plan_source": plan_obj.source, "dtype": dtype,
                     "threads": torch.get_num_threads(), "timer": timer.method, "quick": bool(quick),
                     "warmup": protocol.warmup, "repeats": protocol.repeats,
                     "min_seconds": protocol.min_seconds, "max_repeats": protocol.max_repeats,
-                    "pid": os.getpid()}
+                    "sweeps": sweeps, "pid": os.getpid()}
         run_id = store.register_run("calibrate", device=device_id, plan=plan_obj.name, info=run_info)
         summary = CalibrationSummary(store=str(Path(store_path)), plan=plan_obj.name, device=dev,
                                      device_id=device_id, run_id=run_id, dtype=dtype,
                                      threads=torch.get_num_threads(), timer=timer.method,
-                                     total=len(plan_obj.points))
+                                     total=len(plan_obj.points), sweeps=sweeps)
         flagged = store.disturbed(device=device_id, dtype=dtype)  # measured again, below
         sweep = _Sweep(store, summary, timer, protocol, memory_budget(dev), progress, flagged,
-                       _watch(dev, dtype, summary.threads) if watch else None)
+                       _watch(dev, dtype, summary.threads) if watch else None, sweeps)
         sweep.points(plan_obj.points)
         if sweep.watch is not None:
             sweep.retime(started)
@@ -171,12 +184,44 @@ def calibrate(plan=None, store_path=None, *, clock: Optional[Callable[[], float]
         store.finish_run(run_id, info={**run_info, "measured": summary.measured,
                                        "already_stored": summary.already_stored,
                                        "remeasured": summary.remeasured,
+                                       "pooled": summary.pooled,
                                        "failed": len(summary.failed), "seconds": summary.seconds,
                                        **({"disturbance": summary.disturbance}
                                           if summary.disturbance is not None else {})})
-    if progress is not None:
-        progress(summary.total, summary.total, "done")
+    if progress is not None:  # the steps the progress ran over: every point in every sweep
+        progress(sweeps * summary.total, sweeps * summary.total, "done")
     return summary
+
+
+LATER_WARMUP = 1  # untimed runs of a point in a sweep after its first
+
+
+def per_sweep(protocol, sweeps: int, n: int = 1):
+    """Sweep ``n``'s share of ``protocol`` (of ``sweeps``): the runs, the most runs and the
+    timed-work target split so that the sweeps add up to the protocol (5 runs: 3 + 2), at least
+    one run each. The first sweep warms up as the protocol says; a later one builds the point
+    afresh but finds the process's kernel choices and allocator pools for it already made, so
+    one untimed run warms its new tensors (the full plan's 10 would cost a GPU calibration half
+    its operator step again)."""
+    from .bench import Protocol
+    if sweeps <= 1:
+        return protocol
+
+    def share(total: int) -> int:
+        return max(1, total // sweeps + (1 if n <= total % sweeps else 0))
+    repeats = share(protocol.repeats)
+    return Protocol(protocol.warmup if n == 1 else min(protocol.warmup, LATER_WARMUP), repeats,
+                    protocol.min_seconds / sweeps,
+                    max(repeats, share(max(protocol.max_repeats, protocol.repeats))))
+
+
+def sweeps_due(info: Dict[str, Any]) -> int:
+    """How many more sweeps a stored sample's info says it wants (0: complete; a sample
+    stored before sweeps, or re-timed whole, is complete)."""
+    done = info.get("sweeps")
+    if not isinstance(done, dict):
+        return 0
+    return max(0, int(done.get("of", 1)) - int(done.get("done", 1)))
 
 
 def _watch(device: str, dtype: str, threads: Optional[int]):
@@ -198,17 +243,19 @@ class _Sweep:
     """The points of a plan, measured and stored one by one; the watch's windows judged as
     they close, their points flagged in the store when disturbed, and re-timed at the end."""
 
-    def __init__(self, store, summary, timer, protocol, budget, progress, flagged, watch):
+    def __init__(self, store, summary, timer, protocol, budget, progress, flagged, watch, sweeps=1):
         self.store, self.summary, self.timer, self.protocol = store, summary, timer, protocol
         self.budget, self.progress, self.flagged, self.watch = budget, progress, flagged, watch
+        self.sweeps = max(1, int(sweeps))
         self.suspects: List[Any] = []  # points of disturbed windows, in measurement order
 
     def _key(self, point) -> tuple:
         from .store import canonical_features
         return (point.op, point.phase, canonical_features(point.op, point.phase, point.feature_dict()))
 
-    def measure(self, point):
-        """The point's Measurement, or None (recorded in summary.failed)."""
+    def measure(self, point, sweep: Optional[int] = None):
+        """The point's Measurement under sweep ``sweep``'s share of the protocol (None: the
+        whole protocol, as a re-timing takes it), or None (recorded in summary.failed)."""
         import torch
 
         from . import bench
@@ -220,7 +267,8 @@ class _Sweep:
                                                 f"{self.budget / 2**30:.1f} GiB available"))
             return None
         try:
-            m = bench.measure(point.op, point.phase, feats, timer=self.timer, protocol=self.protocol,
+            protocol = self.protocol if sweep is None else per_sweep(self.protocol, self.sweeps, sweep)
+            m = bench.measure(point.op, point.phase, feats, timer=self.timer, protocol=protocol,
                               dtype=summary.dtype)
         except (RuntimeError, ValueError) as exc:  # OOM, a dtype the device lacks
             summary.failed.append((point.label, f"{exc.__class__.__name__}: "
@@ -242,30 +290,63 @@ class _Sweep:
                                     "times": list(agg.times), **(info or {})})
 
     def points(self, points) -> None:
-        summary = self.summary
+        """Every sweep over ``points``: the first stores each point not yet stored, the later
+        ones (every other in reverse order) time each point that still wants a sweep again and
+        store the pooled runs."""
+        summary, total = self.summary, self.sweeps * len(points)
+        sweep_info = {"sweeps": {"done": 1, "of": self.sweeps}} if self.sweeps > 1 else None
         for i, point in enumerate(points):
             if self.progress is not None:
-                self.progress(i, len(points), point.label)
+                self.progress(i, total, point.label)
             stored = self.store.has_sample(point.op, point.phase, point.feature_dict(),
                                            device=summary.device_id, dtype=summary.dtype)
             again = stored and self._key(point) in self.flagged  # timed while disturbed before
             if stored and not again:
                 summary.already_stored += 1
                 continue
-            m = self.measure(point)
+            m = self.measure(point, 1)
             if m is None:
                 continue
-            self.store_point(point, m, replace=again)
+            self.store_point(point, m, replace=again, info=sweep_info)
             if again:
                 summary.remeasured += 1
             else:
                 summary.measured += 1
-            if self.watch is not None:
-                self.watch.add(_Measured(point, m))
-                if self.watch.due():
-                    self._judge(f"after {point.label}")
+            self._watched(point, m)
+        for n in range(2, self.sweeps + 1):
+            order = list(reversed(points)) if n % 2 == 0 else list(points)
+            for i, point in enumerate(order):
+                if self.progress is not None:
+                    self.progress((n - 1) * len(points) + i, total, f"{point.label} (sweep {n})")
+                self._pool(point, n)
         if self.watch is not None:
             self._judge("end of the operators")
+
+    def _watched(self, point, m) -> None:
+        if self.watch is not None:
+            self.watch.add(_Measured(point, m))
+            if self.watch.due():
+                self._judge(f"after {point.label}")
+
+    def _pool(self, point, n: int) -> None:
+        """Sweep ``n`` of a stored point that still wants it: time it again and store the
+        fastest of all its runs (a point it could not time keeps what it has)."""
+        from .bench import Measurement, aggregate
+        s = self.summary
+        sample = self.store.calibration_sample(point.op, point.phase, point.feature_dict(),
+                                               device=s.device_id, dtype=s.dtype)
+        if sample is None or sweeps_due(sample.info) == 0 or sample.info["sweeps"].get("done", 1) >= n:
+            return
+        m = self.measure(point, n)
+        if m is None:
+            return
+        earlier = [float(t) for t in sample.info.get("times") or ()]
+        pooled = Measurement(m.op, m.phase, m.features, m.dtype,
+                             aggregate(earlier + list(m.aggregate.times)), m.impl, m.timer)
+        self.store_point(point, pooled, replace=True,
+                         info={"sweeps": {"done": n, "of": self.sweeps}})
+        s.pooled += 1
+        self._watched(point, pooled)
 
     def _judge(self, label: str):
         window = self.watch.close(label)

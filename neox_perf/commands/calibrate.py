@@ -141,6 +141,8 @@ def run_calibrate(args, progress: Optional[Progress] = None,
                         "already_stored": summary.already_stored,
                         # stored but marked disturbed by an earlier run: measured again
                         "remeasured": summary.remeasured,
+                        # timed again in the plan's later sweeps, their runs pooled (sweep.py)
+                        "sweeps": summary.sweeps, "pooled": summary.pooled,
                         "failed": [{"point": p, "reason": r} for p, r in summary.failed],
                         "dtype": summary.dtype, "threads": summary.threads, "timer": summary.timer}
     result.seconds["operators"] = time.monotonic() - started

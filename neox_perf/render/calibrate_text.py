@@ -18,6 +18,8 @@ def _summary(result, console) -> None:
     console.print(f"store {result.store} (plan {result.plan}, {result.device}, {op.get('dtype')}, "
                   f"{op.get('threads')} thread(s))")
     again = f"{op['remeasured']} measured again (marked disturbed), " if op.get("remeasured") else ""
+    if op.get("pooled"):
+        again += f"{op['pooled']} timed in {op.get('sweeps', 2)} sweeps, "
     console.print(f"operators: {op.get('measured', 0)} measured, {op.get('already_stored', 0)} already stored, "
                   f"{again}{len(op.get('failed', []))} failed of {op.get('points', 0)} ({_secs(sec.get('operators', 0.0))})")
     if "skipped" in coll:
