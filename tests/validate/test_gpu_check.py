@@ -70,6 +70,7 @@ def test_the_transfer_description_names_the_detected_gpu(gpu_check, tmp_path):
     plan, sizing = gpu_check.sized_quick_plan(h100, 60.0, 0.05)
     assert sizing["stride"] > 1 and sizing["estimated_seconds"] <= 60.0
     assert sizing["points_kept"] == len(plan.points) < sizing["points_in_quick"]
+    assert plan.sweeps == 1  # the lent GPU's minutes buy points, not a second sweep
     whole, why = gpu_check.sized_quick_plan(None, 60.0, 0.05)  # a GPU the table does not know
     assert why["stride"] == 1 and len(whole.points) == why["points_in_quick"] and "whole" in why["why"]
 
