@@ -79,7 +79,7 @@ class Plan:
     collective_repeats: int = 5
     skipped: Dict[str, int] = field(default_factory=dict)  # op -> combinations not whole
     # passes over the points, every other one in reverse order, each taking its share of the
-    # protocol's runs; a point's sample pools them (calibration/sweep.py: OPERATOR_SWEEPS)
+    # protocol's runs; a point's sample pools them (calibration/sweep.py: per_sweep, _Sweep.points)
     sweeps: int = 1
 
     def __len__(self) -> int:
@@ -257,6 +257,7 @@ def _protocol(raw, file, key, default=(3, 10)) -> Tuple[int, int, float, int]:
 
 
 MAX_SWEEPS = 4
+LATER_WARMUP = 1  # untimed runs of a point in a sweep after its first (calibration/sweep.per_sweep)
 
 
 def _sweeps(value, file) -> int:
@@ -508,7 +509,7 @@ def estimated_seconds(plan: Plan, seconds_of: Callable[[str, str, Dict[str, Any]
             runs = max(runs, min(most, math.ceil(plan.min_seconds / t)))
         # each sweep its share of the runs, with its own warm-up (one run after the first
         # sweep: calibration/sweep.per_sweep), forward and set-up
-        warmups = plan.warmup + (plan.sweeps - 1) * min(plan.warmup, 1)
+        warmups = plan.warmup + (plan.sweeps - 1) * min(plan.warmup, LATER_WARMUP)
         total += (runs + warmups) * (t + fwd) + plan.sweeps * (fwd + per_point)
     return total
 

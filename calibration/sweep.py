@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from .plan import Plan, load_plan
+from .plan import LATER_WARMUP, Plan, load_plan
 from .store import SampleStore
 
 Progress = Callable[[int, int, str], None]
@@ -193,9 +193,6 @@ def calibrate(plan=None, store_path=None, *, clock: Optional[Callable[[], float]
     return summary
 
 
-LATER_WARMUP = 1  # untimed runs of a point in a sweep after its first
-
-
 def per_sweep(protocol, sweeps: int, n: int = 1):
     """Sweep ``n``'s share of ``protocol`` (of ``sweeps``): the runs, the most runs and the
     timed-work target split so that the sweeps add up to the protocol (5 runs: 3 + 2), at least
@@ -246,7 +243,7 @@ class _Sweep:
     def __init__(self, store, summary, timer, protocol, budget, progress, flagged, watch, sweeps=1):
         self.store, self.summary, self.timer, self.protocol = store, summary, timer, protocol
         self.budget, self.progress, self.flagged, self.watch = budget, progress, flagged, watch
-        self.sweeps = max(1, int(sweeps))
+        self.sweeps = sweeps  # the plan's, validated by its parser (plan._sweeps)
         self.suspects: List[Any] = []  # points of disturbed windows, in measurement order
 
     def _key(self, point) -> tuple:
