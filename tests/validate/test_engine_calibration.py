@@ -162,3 +162,24 @@ def test_a_pass_whose_second_sweep_ran_slow_is_found():
         assert engine.sweep_findings(Path(tmp) / "missing.json") == []
     # one sweep (a store from before the sweeps): nothing to compare
     assert engine.sweep_shifts({"tp": {k: {**v, "sweeps": 1} for k, v in _swept(slow).items()}}) == {}
+
+
+def test_engine_sweeps_prints_each_pass_and_the_sign_over_files(tmp_path, capsys, benchmark_script):
+    """benchmarks/engine_sweeps.py: what the sweep rule reads, per pass and file, and over the
+    files how many second sweeps ran slower (one sign every time is not a random slow stretch)."""
+    slow = [((1.0, 1.02, 0.98), (1.15, 1.15, 1.15)) for _ in range(6)]
+    fast = [((1.0, 1.0, 1.0), (0.97, 0.97, 0.97)) for _ in range(6)]  # under the limit
+    paths = []
+    for name, rows in (("a", slow), ("b", fast)):
+        path = tmp_path / f"{name}.engine.json"
+        path.write_text(json.dumps({"tp": _swept(rows)}))
+        paths.append(str(path))
+    assert benchmark_script("engine_sweeps").main([*paths, "--shapes"]) == 0
+    out = capsys.readouterr().out
+    assert "tensor-parallel pass: second sweep +15.0% against the first over 6 shapes" in out
+    assert "flagged" in out.split(paths[1])[0] and "flagged" not in out.split(paths[1])[1].split("over the files")[0]
+    assert "second sweep slower in 1 of 2" in out
+    assert out.count("shape 0") == 2  # --shapes: each file's shapes
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    assert benchmark_script("engine_sweeps").main([str(bad)]) == 1
