@@ -21,7 +21,7 @@ import sys
 
 
 def main(argv=None) -> int:
-    from neox_perf.calibration.engine import (_PASS_NAMES, _SWEEP_PHASES, SHIFT_LIMIT, SHIFT_Z,
+    from neox_perf.calibration.engine import (_PASS_NAMES, SHIFT_LIMIT, SHIFT_Z, sweep_medians,
                                               sweep_shifts)
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -44,15 +44,11 @@ def main(argv=None) -> int:
             print(f"  {_PASS_NAMES[section]:>15} pass: second sweep {math.exp(shift) - 1:+6.1%} against "
                   f"the first over {s['shapes']} shapes, z {z:4.1f}{'  flagged' if flagged else ''}")
             if args.shapes:
-                keys = _SWEEP_PHASES[section]
                 for label, row in (data.get(section) or {}).items():
-                    repeats, sweeps = row.get("repeats") or (), int(row.get("sweeps", 1))
-                    if sweeps < 2 or len(repeats) < 2:
-                        continue
-                    n = len(repeats) // sweeps
-                    totals = [sum(float(r[k]) for k in keys) for r in repeats]
-                    a, b = statistics.median(totals[:n]), statistics.median(totals[n:2 * n])
-                    print(f"      {label:<42} {a:8.4f} s  {b:8.4f} s  {b / a - 1:+6.1%}")
+                    pair = sweep_medians(row, section)
+                    if pair is not None and pair[0] > 0:
+                        a, b = pair
+                        print(f"      {label:<42} {a:8.4f} s  {b:8.4f} s  {b / a - 1:+6.1%}")
     if len(args.files) > 1:
         print("over the files:")
         for section, shifts in signs.items():

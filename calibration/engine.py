@@ -34,7 +34,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from .launch import (CalibrationFailed, free_port, port_taken, progress_event, progress_line,
                      rank_env, remove_shm_buffers)
@@ -173,17 +173,12 @@ def sweep_shifts(data: Dict[str, object]) -> Dict[str, Dict[str, float]]:
     the median over its shapes of each shape's median repeat), its standard error, and how many
     shapes. Passes with fewer than 3 shapes measured in both sweeps are left out."""
     out = {}
-    for section, keys in _SWEEP_PHASES.items():
+    for section in _SWEEP_PHASES:
         logs = []
         for row in (data.get(section) or {}).values():
-            repeats, sweeps = row.get("repeats") or (), int(row.get("sweeps", 1))
-            if sweeps < 2 or len(repeats) < 2:
-                continue
-            n = len(repeats) // sweeps
-            totals = [sum(float(r[k]) for k in keys) for r in repeats]
-            first, second = statistics.median(totals[:n]), statistics.median(totals[n:2 * n])
-            if first > 0 and second > 0:
-                logs.append(math.log(second / first))
+            pair = sweep_medians(row, section)
+            if pair is not None and pair[0] > 0 and pair[1] > 0:
+                logs.append(math.log(pair[1] / pair[0]))
         if len(logs) < 3:
             continue
         mid = statistics.median(logs)
@@ -192,6 +187,17 @@ def sweep_shifts(data: Dict[str, object]) -> Dict[str, Dict[str, float]]:
         se = 1.4826 * mad * 1.2533 / math.sqrt(len(logs))
         out[section] = {"shift": mid, "se": se, "shapes": len(logs)}
     return out
+
+
+def sweep_medians(row: Dict[str, object], section: str) -> Optional[Tuple[float, float]]:
+    """A stored shape's (first sweep, second sweep) median repeat of its pass's phases summed
+    (_SWEEP_PHASES); None for a row measured in one sweep."""
+    repeats, sweeps = row.get("repeats") or (), int(row.get("sweeps", 1))
+    if sweeps < 2 or len(repeats) < 2:
+        return None
+    n = len(repeats) // sweeps
+    totals = [sum(float(r[k]) for k in _SWEEP_PHASES[section]) for r in repeats]
+    return statistics.median(totals[:n]), statistics.median(totals[n:2 * n])
 
 
 def sweep_findings(path: Path) -> List[str]:
