@@ -21,8 +21,7 @@ import sys
 
 
 def main(argv=None) -> int:
-    from neox_perf.calibration.engine import (_PASS_NAMES, SHIFT_LIMIT, SHIFT_Z, sweep_medians,
-                                              sweep_shifts)
+    from neox_perf.calibration.engine import _PASS_NAMES, sweep_flagged, sweep_medians, sweep_shifts
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("files", nargs="+", help="engine files (STORE.engine.json) of calibrations")
@@ -36,10 +35,14 @@ def main(argv=None) -> int:
         except (OSError, ValueError) as exc:
             print(f"{path}: not an engine file ({exc})", file=sys.stderr)
             return 1
+        if not isinstance(data, dict):
+            print(f"{path}: not an engine file (a JSON object of passes, as calibrate writes "
+                  f"STORE.engine.json)", file=sys.stderr)
+            return 1
         print(path)
         for section, s in sweep_shifts(data).items():
             shift, z = s["shift"], abs(s["shift"]) / s["se"] if s["se"] > 0 else float("inf")
-            flagged = abs(shift) > SHIFT_LIMIT and abs(shift) > SHIFT_Z * s["se"]
+            flagged = sweep_flagged(s)
             signs.setdefault(section, []).append(shift)
             print(f"  {_PASS_NAMES[section]:>15} pass: second sweep {math.exp(shift) - 1:+6.1%} against "
                   f"the first over {s['shapes']} shapes, z {z:4.1f}{'  flagged' if flagged else ''}")

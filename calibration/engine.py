@@ -200,6 +200,12 @@ def sweep_medians(row: Dict[str, object], section: str) -> Optional[Tuple[float,
     return statistics.median(totals[:n]), statistics.median(totals[n:2 * n])
 
 
+def sweep_flagged(shift: Dict[str, float]) -> bool:
+    """Whether one pass's shift (an item of sweep_shifts) is beyond both SHIFT_LIMIT and SHIFT_Z
+    standard errors: the rule sweep_findings flags by."""
+    return abs(shift["shift"]) > SHIFT_LIMIT and abs(shift["shift"]) > SHIFT_Z * shift["se"]
+
+
 def sweep_findings(path: Path) -> List[str]:
     """One line per pass of the engine file at ``path`` whose sweeps disagree (SHIFT_LIMIT and
     SHIFT_Z): what the step watch's record of the engine step carries as its reason."""
@@ -210,7 +216,7 @@ def sweep_findings(path: Path) -> List[str]:
     lines = []
     for section, s in sweep_shifts(data).items():
         shift = s["shift"]
-        if abs(shift) > SHIFT_LIMIT and abs(shift) > SHIFT_Z * s["se"]:
+        if sweep_flagged(s):
             lines.append(f"its {_PASS_NAMES[section]} pass ran {math.exp(shift) - 1:+.0%} in its second "
                          f"sweep against its first across {s['shapes']} shapes (the machine's speed "
                          f"moved for a whole sweep; limit {SHIFT_LIMIT:.0%})")

@@ -181,5 +181,7 @@ def test_engine_sweeps_prints_each_pass_and_the_sign_over_files(tmp_path, capsys
     assert "second sweep slower in 1 of 2" in out
     assert out.count("shape 0") == 2  # --shapes: each file's shapes
     bad = tmp_path / "bad.json"
-    bad.write_text("{")
-    assert benchmark_script("engine_sweeps").main([str(bad)]) == 1
+    for text in ("{", "[1, 2]"):  # not JSON; JSON but not an engine file
+        bad.write_text(text)
+        assert benchmark_script("engine_sweeps").main([str(bad)]) == 1
+        assert "not an engine file" in capsys.readouterr().err
