@@ -174,21 +174,25 @@ def _print_comparison(comparison: dict) -> None:
                       f"{s['worst']['error']:+.1f}% ({s['worst']['config']})")
 
 
+def measurements(data: dict) -> list:
+    """(config path, measured median, measured fastest) per launch of a saved --json output;
+    a config saved on another checkout is read by its file name here."""
+    out = []
+    for r in data["results"]:
+        cfg = Path(r["config"][-1])
+        if not cfg.is_file():
+            cfg = HERE / "validation" / cfg.name
+        out.append((cfg, r.get("measured_median_seconds", r["measured_seconds"]), r["measured_seconds"]))
+    return out
+
+
 def _repredict(args, configs) -> int:
     """`--measured FILE`: the measurements of an earlier --json run, predicted again."""
     import json
 
     data = json.loads(Path(args.measured).read_text())
-    wanted = {c.name for c in configs}
-    measured = []
-    for r in data["results"]:
-        cfg = Path(r["config"][-1])
-        if args.configs and cfg.name not in wanted:
-            continue
-        if not cfg.is_file():  # saved on another checkout: the same file name here
-            cfg = HERE / "validation" / cfg.name
-        measured.append((cfg, r.get("measured_median_seconds", r["measured_seconds"]),
-                         r["measured_seconds"]))
+    wanted = {c.name for c in configs} if args.configs else None
+    measured = [m for m in measurements(data) if wanted is None or m[0].name in wanted]
     comparison = _compare([args.cluster, *args.compare], measured, args)
     if args.json:
         sys.stdout.write(json.dumps({"measured_from": args.measured, "comparison": comparison},
