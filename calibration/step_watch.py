@@ -1,5 +1,6 @@
-"""The steps of `calibrate` after the operators, each watched whole: collectives, the gradient
-buckets, the tensor-parallel all-reduce, the engine runs (docs/calibration-disturbance.md).
+"""The steps of `calibrate` beside the operators, each watched whole: the engine runs (before
+the operator step), the collectives, the gradient buckets and the tensor-parallel all-reduce
+(after it) (docs/calibration-disturbance.md).
 
 Why: those steps run every core this calibration may use (one process per "GPU"), so the
 operator step's reference probe cannot run beside them, and one reading after them all sees

@@ -394,7 +394,8 @@ class _Sweep:
 def recheck(store_path, run_id: int, device: str, label: str, since=None,
             steps: Optional[Dict[str, Any]] = None) -> Optional[Dict[str, Any]]:
     """One more reading with the run's own reference and baseline, at the end of everything
-    `calibrate` times (after the collectives and the engine); written into the run's record
+    `calibrate` times (after the collectives, the last step; the engine ran before the
+    operators); written into the run's record
     with ``steps``, the watch of each of those steps (calibration/step_watch.StepWatch.record:
     a step still disturbed after its re-run flags the run). ``since``: a machine.CpuClock mark
     taken when those steps began (other processes' CPU time since then corroborates a drift).

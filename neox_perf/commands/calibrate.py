@@ -1,18 +1,20 @@
 """`neox-perf calibrate`: measure this machine and write a cluster profile of it.
 
 Four steps, each resumable, each reporting progress:
-1. operators: the plan's micro-benchmarks in this process (calibration.sweep.calibrate), one
+1. engine: the reference workload's model under a one-process DeepSpeed engine at fixed
+   calibration shapes (never a validation config), for what the operator benchmarks cannot
+   see (calibration/engine.py); resumed per shape from STORE.engine.json. It runs first: after
+   the operator step its tensor-parallel pass ran slower than training launches do, and the
+   mp 2 layouts carried that (docs/validation.md, stop 50);
+2. operators: the plan's micro-benchmarks in this process (calibration.sweep.calibrate), one
    committed sample per point: a re-run skips what is stored, a kill loses at most the point
    in flight;
-2. collectives: `torchrun --nproc_per_node N -m neox_perf.calibration.collectives` on this
+3. collectives: `torchrun --nproc_per_node N -m neox_perf.calibration.collectives` on this
    node (rank 0 writes the same store, skipping stored points), then all-reduce/all-gather at
    gradient-bucket sizes and the tensor-parallel all-reduce as training sees it. Across
    nodes, run `python -m neox_perf.calibration.collectives --store S --plan P` under your own
    launcher first (srun, mpirun or the deepspeed launcher, same store file); this step then
    finds those points stored;
-3. engine: the reference workload's model under a one-process DeepSpeed engine at fixed
-   calibration shapes (never a validation config), for what the operator benchmarks cannot
-   see (calibration/engine.py); resumed per shape from STORE.engine.json;
 4. fit: the predictors' trainer on the store's samples of this device
    (predictors/fitting/calibrated.fit_store) plus the engine terms (fitting/engine_fit.add_engine), written
    to $NEOX_PERF_HOME/profiles/NAME (or --out), where `--cluster NAME` finds it.
@@ -37,7 +39,7 @@ from ..calibration.tp_allreduce import run_tp_benchmark, tp_path
 from ..errors import UsageError
 
 Progress = Callable[[str, float, float, str], None]  # (step, done, total, label)
-STEPS = ("operators", "collectives", "engine", "fit")
+STEPS = ("engine", "operators", "collectives", "fit")
 
 
 @dataclass
@@ -133,6 +135,20 @@ def run_calibrate(args, progress: Optional[Progress] = None,
                      f"(the configs' calls and x0.5/x2 on each one's leading size), "
                      f"{len(plan.points) - before} not in the {source} plan")
 
+    from ..calibration.machine import CpuClock
+    from ..calibration.step_watch import StepWatch
+    # the steps beyond the operators are watched whole when the real clock times them (an
+    # injected clock's readings cannot be disturbed: the operator step watches itself alike)
+    watch = StepWatch.for_device(device) if clock is None else None
+    steps = _Steps(store, nproc, device, watch)
+
+    started = time.monotonic()
+    if getattr(args, "engine", True):
+        shapes = getattr(args, "engine_shapes", None)  # a caller's smaller set (gpu_check --dry-run)
+        result.engine = steps.engine(_stepper(progress, "engine"),
+                                     **({"shapes": tuple(shapes)} if shapes else {}))
+    result.seconds["engine"] = time.monotonic() - started
+
     started = time.monotonic()
     step = _stepper(progress, "operators")
     summary = calibrate(plan, store, clock=clock, progress=step, device=device,
@@ -146,11 +162,7 @@ def run_calibrate(args, progress: Optional[Progress] = None,
                         "failed": [{"point": p, "reason": r} for p, r in summary.failed],
                         "dtype": summary.dtype, "threads": summary.threads, "timer": summary.timer}
     result.seconds["operators"] = time.monotonic() - started
-    from ..calibration.machine import CpuClock
-    since = CpuClock().mark()  # other processes' CPU time during the collectives and the engine
-    from ..calibration.step_watch import StepWatch
-    watch = StepWatch.for_device(device) if summary.disturbance is not None else None
-    steps = _Steps(store, nproc, device, watch)
+    since = CpuClock().mark()  # other processes' CPU time during the collectives
 
     started = time.monotonic()
     step = _stepper(progress, "collectives")
@@ -165,19 +177,12 @@ def run_calibrate(args, progress: Optional[Progress] = None,
         if step is not None:
             step(1, 1, "done")
     result.seconds["collectives"] = time.monotonic() - started
-
-    started = time.monotonic()
-    if getattr(args, "engine", True):
-        shapes = getattr(args, "engine_shapes", None)  # a caller's smaller set (gpu_check --dry-run)
-        result.engine = steps.engine(_stepper(progress, "engine"),
-                                     **({"shapes": tuple(shapes)} if shapes else {}))
-    result.seconds["engine"] = time.monotonic() - started
     if watch is not None:
         result.steps_watched = watch.record()
     if summary.disturbance is not None and (result.engine or result.collectives.get("measured")
                                             or result.collectives.get("buckets")):
         from ..calibration.sweep import recheck
-        recheck(store, summary.run_id, device, "after the collectives and the engine", since,
+        recheck(store, summary.run_id, device, "after the collectives", since,
                 steps=result.steps_watched)
 
     started = time.monotonic()
