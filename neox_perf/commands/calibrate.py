@@ -137,7 +137,7 @@ def run_calibrate(args, progress: Optional[Progress] = None,
 
     from ..calibration.machine import CpuClock
     from ..calibration.step_watch import StepWatch
-    # the steps beyond the operators are watched whole when the real clock times them (an
+    # the steps beside the operators are watched whole when the real clock times them (an
     # injected clock's readings cannot be disturbed: the operator step watches itself alike)
     watch = StepWatch.for_device(device) if clock is None else None
     steps = _Steps(store, nproc, device, watch)

@@ -61,3 +61,23 @@ def test_two_processes_measure_the_plans_collectives(tmp_path, tiny_plan, home):
     with SampleStore(tmp_path / "s.sqlite") as store:
         assert store.integrity_check() == "ok"
         assert len({s.device_id for s in store.samples()}) == 1  # ops and collectives: one device
+
+
+def test_the_engine_step_runs_before_the_operators(tmp_path, tiny_plan, home, monkeypatch):
+    """After the operator step the engine's tensor-parallel pass ran slower than training does,
+    and the mp 2 layouts carried it (docs/validation.md, stop 50): the engine step comes first."""
+    pytest.importorskip("deepspeed")
+    from neox_perf.commands import calibrate as command
+    from neox_perf.predictors.fitting import engine_fit
+
+    calls = []
+
+    def engine(path, device, progress=None, **kwargs):  # stands in for the DeepSpeed runs
+        if progress is not None:
+            progress(1, 1, "done")
+        return {"measured": 0}
+    monkeypatch.setattr(command, "run_engine", engine)
+    monkeypatch.setattr(engine_fit, "add_engine", lambda *a, **k: [])
+    run_calibrate(calibrate_args(tmp_path, tiny_plan, engine=True), progress=lambda *a: calls.append(a[0]),
+                  clock=FakeClock(), grid=fit.QUICK_GRID)
+    assert list(dict.fromkeys(calls)) == ["engine", "operators", "collectives", "fit"]
