@@ -72,13 +72,16 @@ def _median(r: dict) -> float:
     return float(r.get("measured_median_seconds", r["measured_seconds"]))
 
 
+def _name(r: dict) -> str:
+    return Path(r["config"][-1]).name
+
+
 def spread(sittings: list) -> dict:
     """Each config's measured median per sitting (those that launched it in two or more)."""
-    names = sorted({Path(r["config"][-1]).name for s in sittings for r in s["results"]})
+    medians = [{_name(r): _median(r) for r in s["results"]} for s in sittings]
     rows = []
-    for name in names:
-        meds = [next((_median(r) for r in s["results"] if Path(r["config"][-1]).name == name), None)
-                for s in sittings]
+    for name in sorted(set().union(*medians)):
+        meds = [m.get(name) for m in medians]
         seen = [m for m in meds if m]
         if len(seen) >= 2:
             rows.append({"config": name, "medians": meds, "spread": max(seen) / min(seen) - 1.0})
@@ -93,11 +96,10 @@ def spread(sittings: list) -> dict:
 
 def _errors(sitting: dict, profiles, gpus: int) -> dict:
     """{profile: [(config name, class, log(predicted / measured median))]} for one sitting."""
-    classes = {Path(r["config"][-1]).name: layout_class(r.get("layout") or {}) for r in sitting["results"]}
+    classes = {_name(r): layout_class(r.get("layout") or {}) for r in sitting["results"]}
     if not profiles:  # the sitting's own predictions
         name = sitting.get("cluster") or "the sitting's profile"
-        return {name: [(Path(r["config"][-1]).name, classes[Path(r["config"][-1]).name],
-                        math.log(float(r["predicted_seconds"]) / _median(r)))
+        return {name: [(_name(r), classes[_name(r)], math.log(float(r["predicted_seconds"]) / _median(r)))
                        for r in sitting["results"] if r.get("predicted_seconds")]}
     comp = _compare(list(profiles), measurements(sitting), argparse.Namespace(gpus=gpus, vocab_size=None))
     return {p: [(row["config"], classes.get(row["config"], "one process"),
