@@ -65,6 +65,7 @@ def _load(path_or_name: str):
 def parts(a, b, detail: bool = False) -> Dict[str, object]:
     """Profile a with each part of b swapped in, by name. Reaches into the sampled profile's
     model tables: a benchmark's dissection, not an API."""
+    from neox_perf.prediction.corrections.engine import ARRIVAL
     out = {}
 
     def fresh(manifest=None):
@@ -90,8 +91,9 @@ def parts(a, b, detail: bool = False) -> Dict[str, object]:
     out["collectives"] = p
     ea, eb = a.manifest.engine, b.manifest.engine
     if ea is not None and eb is not None:
+        arrival = {ARRIVAL} if ea.arrival is not None or eb.arrival is not None else set()
         names = sorted(set(ea.residuals) | set(ea.linears) | set(ea.curves)
-                       | set(eb.residuals) | set(eb.linears) | set(eb.curves))
+                       | set(eb.residuals) | set(eb.linears) | set(eb.curves) | arrival)
         for n in names:
             out[f"engine {n}"] = fresh(dataclasses.replace(a.manifest, engine=ea.with_terms_of(eb, n)))
     if a.manifest.step_terms != b.manifest.step_terms:

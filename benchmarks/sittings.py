@@ -4,7 +4,7 @@ layout class a profile misses once each sitting's own level is taken out.
     python benchmarks/sittings.py S1.json S2.json [S3.json ...] [--cluster P [--compare Q ...]] [--json]
 
 Each file is one sitting: a `validate_local.py --json` output (the same configs launched for
-real, each with its measured median iteration). Two things are printed.
+real, each with its measured median iteration). Three things are printed.
 
 The launches' spread: each config's measured median in every sitting, and how far apart they
 are (largest over smallest). On a shared 2-core VM the same launch moves by tens of percent
@@ -21,7 +21,12 @@ of its sitting's level in every sitting and under every profile is a missing ter
 are read (each sitting's profile); with it, every sitting is predicted again by each profile
 given (validate_local's --measured), launching nothing. The profiles of one sitting share its
 launches, so a class is called one-signed when every sitting's mean over its profiles falls on
-the same side, over three sittings or more. Reads the files only.
+the same side, over three sittings or more.
+
+The gradient sync beyond its price: each data-parallel launch's (dp >= 2, pp <= 1) measured
+gradient sync less the sitting's own prediction of it, over its measured forward + backward (the
+work since its replicas last met: what they wait for each other over, engine-terms.md). Reads
+the files only.
 """
 from __future__ import annotations
 
@@ -137,7 +142,31 @@ def class_errors(sittings: list, profiles=(), gpus: int = 2) -> dict:
     return {"cells": cells, "classes": summary}
 
 
-def render(files, sp: dict, ce: dict) -> None:
+def sync_excess(sittings: list) -> dict:
+    """Per data-parallel launch on one stage, (measured - predicted gradient sync) / measured
+    forward + backward, from each file's own stage components; their median and quartiles over
+    every sitting, and each sitting's median."""
+    per = []
+    for s in sittings:
+        shares = []
+        for r in s["results"]:
+            stages = r.get("stages") or []
+            if layout_class(r.get("layout") or {}) != CLASSES[2] or len(stages) != 1:
+                continue
+            st = stages[0]
+            work = float(st.get("forward_measured") or 0) + float(st.get("backward_measured") or 0)
+            if work > 0 and st.get("grad_sync_measured") is not None:
+                shares.append((float(st["grad_sync_measured"]) - float(st.get("grad_sync_predicted") or 0)) / work)
+        per.append(shares)
+    every = sorted(x for shares in per for x in shares)
+    if len(every) < 2:
+        return {"launches": len(every)}
+    q1, med, q3 = statistics.quantiles(every, n=4, method="inclusive")
+    return {"launches": len(every), "median": med, "quartiles": [q1, q3],
+            "sittings": [statistics.median(x) if x else None for x in per]}
+
+
+def render(files, sp: dict, ce: dict, ex: dict) -> None:
     print(f"{len(files)} sittings: " + ", ".join(files))
     print("\nthe same launch's measured median iteration in each sitting (s), and their spread:")
     for r in sp["rows"]:
@@ -157,6 +186,11 @@ def render(files, sp: dict, ce: dict) -> None:
         by = ", ".join(f"{100 * x:+.1f}%" for x in s["sittings"])
         print(f"  {cls:<28} under its level in {s['under']} of {s['cells']}, over in {s['over']}, "
               f"mean {100 * s['mean']:+.1f}%; per sitting {by}{note}")
+    if "median" in ex:
+        by = ", ".join("-" if x is None else f"{100 * x:+.1f}%" for x in ex["sittings"])
+        print(f"\ndata-parallel launches' gradient sync beyond each sitting's own price of it, over their "
+              f"forward + backward: median {100 * ex['median']:+.1f}% (quartiles {100 * ex['quartiles'][0]:+.1f}% "
+              f"to {100 * ex['quartiles'][1]:+.1f}%, {ex['launches']} launches); per sitting {by}")
 
 
 def main(argv=None) -> int:
@@ -175,12 +209,12 @@ def main(argv=None) -> int:
         print(exc, file=sys.stderr)
         return 1
     profiles = [args.cluster, *args.compare] if args.cluster else []
-    sp, ce = spread(sittings), class_errors(sittings, profiles, args.gpus)
+    sp, ce, ex = spread(sittings), class_errors(sittings, profiles, args.gpus), sync_excess(sittings)
     if args.json:
         sys.stdout.write(json.dumps({"schema": 1, "sittings": list(args.files), "spread": sp,
-                                     "class_errors": ce}, indent=1) + "\n")
+                                     "class_errors": ce, "sync_excess": ex}, indent=1) + "\n")
     else:
-        render(args.files, sp, ce)
+        render(args.files, sp, ce, ex)
     return 0
 
 

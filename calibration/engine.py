@@ -374,6 +374,17 @@ class _Barrier:
             self.store.set(key + "/go", "1")
         self.store.wait([key + "/go"])
 
+    def gather(self, values: list) -> Optional[list]:
+        """Every peer's ``values``, by peer, on peer 0 (None on the others); one process: its own."""
+        if self.store is None:
+            return [values]
+        self.count += 1
+        key = f"gather{self.count}"
+        self.store.set(f"{key}/{self.peer}", json.dumps(values))
+        if self.peer != 0:
+            return None
+        return [json.loads(self.store.get(f"{key}/{p}")) for p in range(self.peers)]
+
     def close(self, timeout: float = 600.0) -> None:
         """Peer 0 serves the store: it leaves only once every peer is past its last wait (else
         a peer still reading the last "go" loses the connection: seen when another process
@@ -577,6 +588,11 @@ def _measure_engine(shape, layers: int, device: str, barrier=lambda: None, mp: i
     best["accumulate"] = min(times)
     for r, t in zip(timed, times):
         r["accumulate"] = t
+    gather = getattr(barrier, "gather", None)
+    if mp == 1 and gather is not None:  # the plain pass: its peers' lockstep repeats side by side
+        peers = gather([r["forward"] + r["backward"] for r in timed])
+        if peers is not None and len(peers) > 1:
+            peer_arrivals(timed, peers)
     counts = {"params": int(sum(p.numel() for p in params)), "tensors": len(params)}
     del engine, model, params, fresh
     # every timed repeat beside the fastest: the fit takes the statistic it needs
@@ -596,12 +612,27 @@ def _measure_engine(shape, layers: int, device: str, barrier=lambda: None, mp: i
 ZERO_COLLECTIVES = ("allreduce", "allgather")
 
 
+# Per repeat of the plain pass, over its peers (peer 0 stores them): each peer's forward +
+# backward, as "busy" their mean and as "arrival" the slowest's lead over it -- what replicas
+# that met before that work would wait for each other at a gradient all-reduce after it
+# (engine_fit's dp_arrival). Not a phase: no fastest of them in the row.
+PEER_KEYS = ("busy", "arrival")
+
+
 def fastest(rows: List[Dict[str, float]]) -> Dict[str, float]:
     """Per key of a pass's timed repeats, the fastest: the rank's own work at its least
     disturbed (the plain and tensor-parallel passes' rows, and the ZeRO pass's own phases)."""
     if not rows:
         raise ValueError("no timed repeats")
-    return {k: min(r[k] for r in rows) for k in rows[0]}
+    return {k: min(r[k] for r in rows) for k in rows[0] if k not in PEER_KEYS}
+
+
+def peer_arrivals(rows: List[Dict[str, float]], peers: List[List[float]]) -> None:
+    """Adds PEER_KEYS to each timed repeat from every peer's forward + backward of it."""
+    for i, row in enumerate(rows):
+        times = [p[i] for p in peers]
+        mean = sum(times) / len(times)
+        row["busy"], row["arrival"] = mean, max(times) - mean
 
 
 def zero_statistics(rows: List[Dict[str, float]]) -> Dict[str, float]:

@@ -137,3 +137,27 @@ def test_a_tensor_parallel_term_applies_to_one_node_groups_of_its_size_only():
     assert t.tensor_parallel("layer", "forward", 0.1, []) == 0.0  # no tensor parallelism
     assert t.tensor_parallel("layer", "backward", 0.1, calls((1, 2))) == 0.0  # no such term
     assert t.tensor_parallel("layer", "forward", 0.0, calls((1, 2))) == 0.0  # nothing to scale
+
+
+def test_the_replicas_wait_is_a_share_of_their_work_bounded_past_the_measured_group():
+    """dp_arrival: a replica waits at the gradient all-reduce for the slowest, the measured share
+    of the work since they met; smaller groups wait less (the slowest of fewer is nearer their
+    mean), larger ones are held at the measured group's share; no data-parallel group, none."""
+    from neox_perf.prediction.corrections.engine import expected_max_normal
+    section = {**SECTION, "dp_arrival": {"fraction": 0.03, "processes": 4, "repeats": 40}}
+    assert EngineSection.parse(section).to_dict() == section  # written back as it was
+    t = _terms(section=section)
+
+    def calls(dp, nodes=1):
+        return (SimpleNamespace(purpose="dp_allreduce", nodes=nodes, gpus_per_node=dp // nodes),)
+    assert t.dp_wait(calls(4), 2.0) == pytest.approx(0.06)
+    assert t.dp_wait(calls(2), 2.0) == pytest.approx(0.06 * expected_max_normal(2) / expected_max_normal(4))
+    assert 0 < t.dp_wait(calls(2), 2.0) < 0.06 * 0.6  # 0.564 / 1.029 of it
+    assert t.dp_wait(calls(64, nodes=8), 2.0) == pytest.approx(0.06)  # not past the measured 4
+    assert t.dp_wait((), 2.0) == 0.0  # dp 1: no gradient all-reduce
+    assert _terms().dp_wait(calls(4), 2.0) == 0.0  # not measured: nothing added
+    assert [round(expected_max_normal(n), 3) for n in (1, 2, 4, 8)] == [0.0, 0.564, 1.029, 1.424]
+    with pytest.raises(EngineTermsError):
+        EngineSection.parse({**SECTION, "dp_arrival": {"fraction": 0.03, "processes": 1}})
+    with pytest.raises(EngineTermsError):
+        EngineSection.parse({**SECTION, "dp_arrival": {"fraction": -0.01, "processes": 2}})

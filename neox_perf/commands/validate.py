@@ -176,7 +176,7 @@ def predict(configs: Sequence[str], gpus: int, profile, vocab_size: Optional[int
 _PREDICTED_KIND = {"forward": "forward", "backward": "backward", "send_act": "p2p",
                    "send_grad": "p2p", "send_wait": "p2p", "recv_wait": "p2p",
                    "tied_wait": "grad_sync", "tied_allreduce": "grad_sync",
-                   "grad_allreduce": "grad_sync", "sync_wait": "optimizer",
+                   "dp_wait": "grad_sync", "grad_allreduce": "grad_sync", "sync_wait": "optimizer",
                    "optimizer": "optimizer", "allgather": "optimizer"}
 
 

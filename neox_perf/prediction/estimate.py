@@ -53,6 +53,9 @@ class StageTimes:
     # activation (forward) and gradient (backward) over the tensor-parallel group; inside
     # forward / backward, where the receiving rank spends them (operators._partition_allgathers)
     pp_allgather: float = 0.0
+    # seconds per iteration this stage's replicas wait at the gradient all-reduce for the
+    # slowest of them (the engine's dp_arrival term; in `engine` too)
+    dp_wait: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -361,6 +364,13 @@ def _inter_node_seconds(work: StageWork, cache: _Cache, micro_batches: int) -> O
     return seconds if crosses else None
 
 
+def _with_dp_wait(times: StageTimes, wait: float) -> StageTimes:
+    """A stage's times with its replicas' wait for the slowest of them at the gradient
+    all-reduce: the iteration's work of the stage is what they drifted apart over (a replica
+    meets its pipeline neighbours every micro-batch, but its own replicas only there)."""
+    return replace(times, dp_wait=wait, engine=times.engine + wait) if wait > 0 else times
+
+
 def stage_tails(decomp: Decomposition, profile: Profile,
                 limits=None) -> Tuple[Tuple[float, float, float], ...]:
     """Per stage, (gradient sync, optimizer step, parameter all-gather) seconds per iteration:
@@ -388,12 +398,15 @@ def estimate(decomp: Decomposition, profile: Profile, terms: Optional[StepTerms]
     corrections = Corrections.of(profile, decomp, terms)
     engine = corrections.engine
     cache = _Cache(profile, engine, corrections.step, limits)
+    m = decomp.micro_batches
     times = [_stage_times(w, cache, engine, decomp.pipeline_engine) for w in decomp.stages]
+    if engine is not None:
+        times = [_with_dp_wait(t, engine.dp_wait(w.grad_sync, m * (t.forward + t.backward)))
+                 for t, w in zip(times, decomp.stages)]
     costs = [StageCost(forward=t.forward, backward=t.backward, send_activation=t.send_activation,
                        send_gradient=t.send_gradient, grad_allreduce=t.grad_allreduce,
                        tied_allreduce=t.tied_allreduce, optimizer=t.optimizer,
-                       param_allgather=t.param_allgather) for t in times]
-    m = decomp.micro_batches
+                       param_allgather=t.param_allgather, dp_wait=t.dp_wait) for t in times]
     try:
         tl = simulate_1f1b(costs, m, events=events)
     except StageCostError as exc:
@@ -416,6 +429,7 @@ def estimate(decomp: Decomposition, profile: Profile, terms: Optional[StepTerms]
         "pipeline": c.get("pipeline_seconds", 0.0),
         "bubble": c.get("bubble_seconds", 0.0),
         "dp_allreduce": max(t.grad_allreduce for t in times),
+        "dp_wait": max(t.dp_wait for t in times),
         "dp_allreduce_exposed": c.get("dp_allreduce_exposed", 0.0),
         "dp_allgather": max(t.param_allgather for t in times),
         "optimizer": max(t.optimizer for t in times),

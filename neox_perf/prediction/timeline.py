@@ -65,6 +65,10 @@ class StageCost:
     tied_allreduce: float = 0.0  # ReduceTiedGrads; every stage with a cost > 0 is in the one tied group
     optimizer: float = 0.0  # optimizer step of this stage
     param_allgather: float = 0.0  # ZeRO-1 parameter all-gather after the step (0 when zero stage 0 or dp == 1)
+    # per iteration, this stage's replicas waiting at the gradient all-reduce for the slowest of
+    # them (they ran the iteration's work at different speeds): before grad_allreduce, inside
+    # the rank's ReduceGrads, idle (0 when dp == 1 or the profile did not measure it)
+    dp_wait: float = 0.0
 
 
 class Event(NamedTuple):
@@ -72,7 +76,8 @@ class Event(NamedTuple):
 
     kinds: forward, backward, send_act, send_grad (the transfer, on the sender), send_wait (sender
     waiting for the receiver to post its recv), recv_wait (receiver blocked until the data has
-    arrived, transfer included), tied_wait, tied_allreduce, grad_allreduce, sync_wait (waiting for
+    arrived, transfer included), tied_wait, tied_allreduce, dp_wait (waiting for the slowest
+    data-parallel replica), grad_allreduce, sync_wait (waiting for
     the optimizer's cross-stage all-reduce), optimizer, allgather.  micro_batch is -1 for the
     end-of-batch events.  Zero-length waits are left out.  Timeline.events lists each stage's
     events in time order; stages are interleaved in simulation order.
@@ -101,7 +106,7 @@ class Timeline:
     # For the report.  pipeline_seconds: end of the last backward on any stage.  The critical stage
     # splits as stage_ready = critical_compute_seconds + pp_p2p_seconds (its own sends) +
     # bubble_seconds.  *_exposed: the critical stage's tied / gradient all-reduce time past
-    # pipeline_seconds.  update_seconds: optimizer + all-gather on the critical path.  So
+    # pipeline_seconds (the gradient all-reduce's with its wait for the slowest replica).  update_seconds: optimizer + all-gather on the critical path.  So
     # iteration_seconds == pipeline_seconds + tied_allreduce_exposed + dp_allreduce_exposed + update_seconds.
     # eq7_seconds: the paper's formula on the same inputs.
     components: Mapping[str, float] = field(hash=False)
@@ -183,7 +188,7 @@ class StageCostError(ValueError):
 def _check_costs(stages: Sequence[StageCost]) -> None:
     for i, c in enumerate(stages):
         for name in ("forward", "backward", "send_activation", "send_gradient", "grad_allreduce",
-                     "tied_allreduce", "optimizer", "param_allgather"):
+                     "tied_allreduce", "optimizer", "param_allgather", "dp_wait"):
             v = getattr(c, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise StageCostError(i, name, v)
@@ -477,9 +482,12 @@ def _simulate(stages: Sequence[StageCost], micro_batches: int, p2p_rendezvous: b
 
     ar_end = [0.0] * p
     for s in range(p):
-        ar_end[s] = tied_end[s] + stages[s].grad_allreduce
+        arrived = tied_end[s] + stages[s].dp_wait
+        if stages[s].dp_wait > 0:
+            ev(_new(Event, (s, "dp_wait", -1, tied_end[s], arrived)))
+        ar_end[s] = arrived + stages[s].grad_allreduce
         if stages[s].grad_allreduce > 0:
-            ev(_new(Event, (s, "grad_allreduce", -1, tied_end[s], ar_end[s])))
+            ev(_new(Event, (s, "grad_allreduce", -1, arrived, ar_end[s])))
     sync = max(ar_end)
     # Lowest index on ties: with equal stages that is stage 0, the stage Eq. 7 names.
     critical = ar_end.index(sync)
@@ -513,7 +521,7 @@ def _simulate(stages: Sequence[StageCost], micro_batches: int, p2p_rendezvous: b
     pipeline = max(last_bwd_end)
     # ready[critical] and the tied start are never after pipeline_seconds (a stage's last send is
     # consumed by its predecessor's later backward), so [pipeline, sync] is covered by the critical
-    # stage's tied reduce followed by its gradient all-reduce.
+    # stage's tied reduce followed by its wait for the slowest replica and its gradient all-reduce.
     tied_exposed = max(0.0, tied_end[critical] - pipeline)
     dp_exposed = sync - max(pipeline, tied_end[critical])
     components = MappingProxyType({

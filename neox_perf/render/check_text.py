@@ -278,6 +278,7 @@ OTHER_NAMES = {
     "encoder_forward": "one layer forward", "encoder_backward": "one layer backward",
     "stage_forward_max": "slowest stage forward", "stage_backward_max": "slowest stage backward",
     "dp_allreduce": "gradient all-reduce, whole", "dp_allgather": "ZeRO all-gather",
+    "dp_wait": "waiting for the slowest replica at the gradient all-reduce",
     "optimizer": "optimizer step", "tied_allreduce": "tied-embedding all-reduce, whole",
     "engine": "engine terms",
 }

@@ -168,7 +168,11 @@ def _components(ranks: List[dict], pred: Dict[str, Any], m: int,
     allr = [s for v in stages.values() for s in v]
     opt = _max(_per_iter(s, "optimizer_step") or _per_iter(s, "step") for s in allr)
     row("optimizer", bd.get("optimizer"), opt, "whole optimizer step (unscale, clip, update)")
-    row("dp_allreduce", bd.get("dp_allreduce"), _max(_per_iter(s, "reduce_grads") for s in allr))
+    # ReduceGrads as a rank times it: the wait for the slowest replica, then the all-reduce
+    dp = bd.get("dp_allreduce")
+    row("dp_allreduce", None if dp is None else dp + bd.get("dp_wait", 0.0),
+        _max(_per_iter(s, "reduce_grads") for s in allr),
+        "incl. waiting for the slowest replica" if bd.get("dp_wait") else "")
     row("dp_allgather", bd.get("dp_allgather"),
         _max(_op_phase(s, "allgather", ("optimizer_step", "step")) for s in allr))
     row("mp_allreduce", bd.get("mp_allreduce"),

@@ -341,7 +341,43 @@ def fit_engine(profile, engine_path, tp_path=None, extra_rows=None,
     tp_terms, tp_table = _fit_tensor_parallel(profile, data.get("tp") or {}, terms, statistic)
     terms.update(tp_terms)
     table += tp_table
+    arrival = fit_arrival(shapes, data.get("processes"))
+    if arrival is not None:
+        terms["dp_arrival"] = arrival
+        lo, hi = arrival["quartiles"]
+        table.append(FitRow("engine dp_arrival", "-", arrival["repeats"], "engine term", {},
+                            f"replicas wait {arrival['fraction']:.1%} of the work since they met "
+                            f"(quartiles {lo:.1%}-{hi:.1%}; {arrival['processes']} processes)"))
     return terms, table
+
+
+# Data-parallel replicas run the same work between two gradient all-reduces, but not at the same
+# speed: each waits at the all-reduce for the slowest. The engine's plain pass runs its peers in
+# lockstep and stores, per repeat, each peer's forward + backward (calibration/engine.py,
+# PEER_KEYS); the collective benchmarks and the ZeRO pass time their all-reduces after a
+# barrier, so nothing else holds that wait. On this project's 2-core CPU the dp 2 launches spent
+# 20-120 ms more in their gradient sync than priced, and the dp 2 class sat under its sitting's
+# level in 31 of 32 cells (docs/validation.md, stop 50). One number: the mean wait per second
+# of work, over every repeat of every shape (their slowest-peer leads summed over their work
+# summed), so a small shape's scheduler hiccup (12 ms of 80 ms in one repeat) weighs as little
+# as its work; the per-repeat shares' median and quartiles stay beside it. Applied in
+# proportion to the work since the replicas last met (a scratch run of 1, 2 and 4 micro-batches
+# between all-reduces, twice: 3.9/1.7/2.8% and 2.2/2.1/1.6% of it; not shrinking as 1/sqrt(k),
+# as independent per-micro-batch jitter would), held at the measured group's size beyond it.
+ARRIVAL_MIN_REPEATS = 6
+
+
+def fit_arrival(shapes: dict, processes) -> Optional[dict]:
+    """The manifest's dp_arrival term from the plain pass's rows; None when its peers' times
+    were not stored (one process, or an engine file from before) or too few."""
+    pairs = [(float(r["arrival"]), float(r["busy"])) for row in shapes.values()
+             for r in row.get("repeats") or () if "arrival" in r and float(r["busy"]) > 0]
+    if not processes or int(processes) < 2 or len(pairs) < ARRIVAL_MIN_REPEATS:
+        return None
+    waited, work = (sum(col) for col in zip(*pairs))
+    q1, med, q3 = (float(v) for v in np.percentile([a / b for a, b in pairs], [25, 50, 75]))
+    return {"fraction": min(waited / work, 0.5), "processes": int(processes), "repeats": len(pairs),
+            "median": med, "quartiles": [q1, q3]}
 
 
 # A tensor-parallel model in training against the same model priced from its parts. Per

@@ -53,6 +53,13 @@ def test_engine_worker_measures_and_resumes(tmp_path):
     assert len(tp["repeats"]) == engine.ENGINE_SWEEPS * engine.TP_REPEATS
     assert len(row["repeats"]) == len(zero["repeats"]) == engine.ENGINE_SWEEPS * engine.ENGINE_REPEATS
     assert row["layer_forward"] == min(r["layer_forward"] for r in row["repeats"])
+    # the plain pass's peers side by side, per repeat: their mean forward + backward, and the
+    # slowest's lead over it; peer 0's own lies within that lead of the mean
+    assert "arrival" not in row and "busy" not in row
+    for r in row["repeats"]:
+        assert r["arrival"] >= 0 and r["busy"] > 0
+        assert abs(r["forward"] + r["backward"] - r["busy"]) <= r["arrival"] + 1e-12
+    assert not any("arrival" in r for r in zero["repeats"] + tp["repeats"])
     again = run_engine(path, "cpu", shapes=(TINY_SHAPE,), nproc=2)
     assert again["measured"] == 0 and again["zero"]["measured"] == 0 and again["tp"]["measured"] == 0
 
@@ -128,6 +135,37 @@ def test_a_second_sweep_pools_its_repeats_into_the_row():
                           {"reduce": 0.9, "allreduce": 0.7, "step": 1.1, "allgather": 0.3}]}
     z = engine.pooled(zero_a, zero_b, zero=True)
     assert z["reduce"] == 0.8 and z["allreduce"] == 0.7 and z["allreduce_best"] == 0.5  # median, fastest
+
+
+def test_the_peers_repeats_give_each_repeat_its_slowest_peers_lead():
+    rows = [{"forward": 1.0, "backward": 2.0}, {"forward": 1.5, "backward": 2.5}]
+    engine.peer_arrivals(rows, [[3.0, 4.0], [3.3, 3.6]])
+    assert rows[0]["busy"] == pytest.approx(3.15) and rows[0]["arrival"] == pytest.approx(0.15)
+    assert rows[1]["busy"] == pytest.approx(3.8) and rows[1]["arrival"] == pytest.approx(0.2)
+    # not a phase: the row keeps no fastest of them, and a sweep stored before them pools
+    old = {"sweeps": 1, "forward": 0.9, "repeats": [{"forward": 0.9, "backward": 2.1}]}
+    row = engine.pooled(old, {"forward": 1.0, "repeats": rows}, zero=False)
+    assert row["forward"] == 0.9 and "arrival" not in row and len(row["repeats"]) == 3
+
+
+def test_the_barrier_gathers_every_peers_values_on_peer_zero():
+    import threading
+
+    from neox_perf.calibration.launch import free_port
+    port, got = free_port(), {}
+
+    def peer(i):
+        b = engine._Barrier(i, 2, port)
+        b()
+        got[i] = b.gather([i + 0.5, i + 1.5])
+        b.close()
+    threads = [threading.Thread(target=peer, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert got == {0: [[0.5, 1.5], [1.5, 2.5]], 1: None}
+    assert engine._Barrier(0, 1, 0).gather([1.0]) == [[1.0]]  # one process: its own
 
 
 def _swept(rows_by_shape, keys=("forward", "backward")):

@@ -34,7 +34,7 @@ class _WithEngine:
         return getattr(self._p, name)
 
 
-def _decomp(write_yaml, precision, zero=0, mp=1, gpus_per_node=4):
+def _decomp(write_yaml, precision, zero=0, mp=1, gpus_per_node=4, dp=1):
     path = write_yaml("c.yml", f"""
 model_parallel_size: {mp}
 num_layers: 4
@@ -47,7 +47,7 @@ gradient_accumulation_steps: 2
 pipe_parallel_size: 1
 zero_optimization: {{stage: {zero}}}
 """)
-    cfg, _, _ = build(load_files([path]), WorldRequest(gpus=mp), cluster_gpus_per_node=gpus_per_node)
+    cfg, _, _ = build(load_files([path]), WorldRequest(gpus=mp * dp), cluster_gpus_per_node=gpus_per_node)
     d = derive(cfg, 50257)
     shapes = [StageShape(s.index, s.transformer_layers, True, True, s.params_per_rank) for s in d.stages]
     return decompose(cfg, d.padded_vocab, shapes, precision=precision)
@@ -109,3 +109,28 @@ def test_tensor_parallel_terms_apply_to_the_group_they_were_measured_in(write_ya
     apart = [estimate(_decomp(write_yaml, "fp32", mp=2, gpus_per_node=1), x).iteration_seconds
              for x in (base, coupled)]
     assert apart[0] == pytest.approx(apart[1], rel=1e-12)
+
+
+def test_data_parallel_replicas_wait_for_the_slowest_before_their_gradient_all_reduce(write_yaml):
+    """dp_arrival: each stage's replicas wait the measured share of the iteration's work on the
+    stage before the gradient all-reduce (an event the validate comparison counts with it, and
+    the iteration that much longer); dp 1 is as before."""
+    from neox_perf.commands.validate import predicted_stage_components
+    bundled = load_profile("perlmutter-a100-80gb")
+    waits = {**ENGINE, "dp_arrival": {"fraction": 0.04, "processes": 2}}
+    for zero in (0, 1):
+        d = _decomp(write_yaml, "fp32", zero=zero, dp=2)
+        base, waited = (estimate(d, _WithEngine(bundled, e)) for e in (ENGINE, waits))
+        b, w = base.stages[0], waited.stages[0]
+        work = d.micro_batches * (w.forward + w.backward)
+        assert w.dp_wait == pytest.approx(0.04 * work) and b.dp_wait == 0.0
+        assert w.grad_allreduce == pytest.approx(b.grad_allreduce) and w.engine == pytest.approx(b.engine + w.dp_wait)
+        assert waited.iteration_seconds == pytest.approx(base.iteration_seconds + w.dp_wait)
+        assert waited.breakdown["dp_wait"] == pytest.approx(w.dp_wait)
+        ev = {e.kind: e for e in waited.timeline.events}
+        assert ev["dp_wait"].end == pytest.approx(ev["grad_allreduce"].start)
+        got, before = (predicted_stage_components(x)[0]["grad_sync"] for x in (waited, base))
+        assert got == pytest.approx(before + w.dp_wait)
+    one = [estimate(_decomp(write_yaml, "fp32"), _WithEngine(bundled, e)) for e in (ENGINE, waits)]
+    assert one[0].iteration_seconds == pytest.approx(one[1].iteration_seconds, rel=1e-12)
+    assert one[1].stages[0].dp_wait == 0.0

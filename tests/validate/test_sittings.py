@@ -83,3 +83,25 @@ def test_a_file_that_is_not_a_sitting_gets_one_line(tmp_path, capsys, benchmark_
     assert benchmark_script("sittings").main([good, str(bad)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(bad) in err[0] and "fix:" in err[0]
+
+
+def test_the_data_parallel_gradient_sync_beyond_its_price(tmp_path, capsys, benchmark_script):
+    """Per dp 2 launch on one stage: (measured - predicted gradient sync) over its measured
+    forward + backward; other classes and launches without components left out."""
+    def launch(layout, predicted, measured, work=2.0):
+        return {"config": ["x.yml"], "layout": layout, "measured_seconds": 3.0, "predicted_seconds": 3.0,
+                "stages": [{"stage": 0, "forward_measured": work / 2, "backward_measured": work / 2,
+                            "grad_sync_predicted": predicted, "grad_sync_measured": measured}]}
+    dp, pp = {"pp": 1, "mp": 1, "dp": 2}, {"pp": 2, "mp": 1, "dp": 1}
+    files = []
+    for name, launches in (("a", [launch(dp, 0.10, 0.14), launch(dp, 0.10, 0.12), launch(pp, 0.0, 0.5)]),
+                           ("b", [launch(dp, 0.20, 0.20, work=4.0), {**launch(dp, 0.1, 0.1), "stages": []}])):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"cluster": name, "results": launches}))
+        files.append(str(path))
+    assert benchmark_script("sittings").main([*files, "--json"]) == 0
+    ex = json.loads(capsys.readouterr().out)["sync_excess"]
+    assert ex["launches"] == 3 and ex["median"] == pytest.approx(0.01)  # 2%, 1%, 0%
+    assert ex["sittings"] == [pytest.approx(0.015), pytest.approx(0.0)]
+    benchmark_script("sittings").main(files)
+    assert "gradient sync beyond each sitting's own price of it" in capsys.readouterr().out

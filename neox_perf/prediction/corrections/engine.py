@@ -7,7 +7,7 @@ once with the rest of the manifest (neox_perf/profile/manifest.py); estimate.py 
 decomposition through EngineTerms, and `calibrate --from-run` writes terms back through
 EngineSection.to_dict.
 
-Four kinds of term, each where its cost scales differently:
+Five kinds of term, each where its cost scales differently:
 - Residual (layer_forward/backward, other_forward/backward): seconds + per_unit * x on top
   of the operators, x the operators' own seconds (inside a layer) or the logits (outside),
   never taking the phase below the lowest ratio to its operators it was measured at;
@@ -16,7 +16,9 @@ Four kinds of term, each where its cost scales differently:
 - Linear (optimizer_step, grad_flatten, grad_accumulate, zero_reduce, zero_step, and
   tp_allreduce per element): t0 + per_tensor * tensors + per_param * params;
 - Curve (dp_allreduce, dp_allgather): measured [elements, seconds] points of a ZeRO step's
-  whole-model collectives, interpolated.
+  whole-model collectives, interpolated;
+- Arrival (dp_arrival): data-parallel replicas reach their gradient all-reduce apart, and each
+  waits there for the slowest: a fraction of the compute since they last met.
 Each term keeps the fit's own statistics (rows, errors, sampled range) unread, for the
 manifest and the calibrate table.
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from ...errors import ProfileError
@@ -33,6 +36,7 @@ RESIDUALS = ("layer_forward", "layer_backward", "other_forward", "other_backward
 LINEARS = ("optimizer_step", "grad_flatten", "grad_accumulate", "zero_reduce", "zero_step",
            "tp_allreduce")
 CURVES = ("dp_allreduce", "dp_allgather")
+ARRIVAL = "dp_arrival"
 COEFFICIENTS = ("t0", "per_tensor", "per_param", "per_element")
 
 
@@ -158,6 +162,55 @@ class Curve:
         return {"points": [list(p) for p in self.points], "processes": self.processes, **self.extra}
 
 
+@lru_cache(maxsize=None)  # a few group sizes, each priced in every layout of a plan
+def expected_max_normal(n: int) -> float:
+    """E[max of n independent standard normals] (0 for one): how far, in standard deviations,
+    the slowest of n ranks runs past their mean."""
+    if n <= 1:
+        return 0.0
+    # the integral of x * n * pdf(x) * cdf(x)^(n - 1) on a grid fine enough for 4 digits
+    step, total = 0.01, 0.0
+    for i in range(-800, 801):
+        x = i * step
+        cdf = 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
+        total += x * n * math.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi) * cdf ** (n - 1) * step
+    return total
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """Data-parallel replicas reach their gradient all-reduce apart: each runs the same work
+    since they last met, but not at the same speed, and every replica waits there for the
+    slowest. `fraction`: the mean replica's wait per second of that work, measured among
+    `processes` ranks running the same phases at once (calibration/engine.py's plain pass:
+    per repeat, the slowest peer's forward + backward past the peers' mean, over the mean).
+
+    For a smaller group the wait shrinks as the expected lead of the slowest of n over their
+    mean (independent normal spreads: 0.56 standard deviations for two, 1.03 for four); for a
+    larger one it is held at the measured group's, not extrapolated: the interval carries the
+    rest."""
+
+    fraction: float
+    processes: int
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not (0.0 <= self.fraction <= 0.5 and math.isfinite(self.fraction)):
+            raise ValueError(f"fraction must be in [0, 0.5], got {self.fraction!r}")
+        if self.processes < 2:
+            raise ValueError(f"processes must be 2 or more, got {self.processes!r}")
+
+    def at(self, replicas: int) -> float:
+        """The wait per second of work since the replicas last met, for ``replicas`` of them."""
+        if replicas <= 1:
+            return 0.0
+        n = min(replicas, self.processes)
+        return self.fraction * expected_max_normal(n) / expected_max_normal(self.processes)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"fraction": self.fraction, "processes": self.processes, **self.extra}
+
+
 @dataclass(frozen=True)
 class EngineSection:
     """The manifest's "engine" section, parsed."""
@@ -167,12 +220,13 @@ class EngineSection:
     linears: Mapping[str, Linear] = field(default_factory=dict)
     curves: Mapping[str, Curve] = field(default_factory=dict)
     extra: Mapping[str, Any] = field(default_factory=dict)  # source, shapes, extra_rows, ...
+    arrival: Optional[Arrival] = None
 
     @classmethod
     def parse(cls, data: Mapping[str, Any], where: str = "engine") -> "EngineSection":
         if not isinstance(data, Mapping):
             raise EngineTermsError(where, "not a mapping", RECALIBRATE)
-        residuals, linears, curves, extra = {}, {}, {}, {}
+        residuals, linears, curves, extra, arrival = {}, {}, {}, {}, None
         for key, value in data.items():
             try:
                 if key in RESIDUALS and value:
@@ -199,18 +253,23 @@ class EngineSection:
                     processes = value.get("processes")
                     curves[key] = Curve(points, None if processes is None else int(processes),
                                         _rest(value, ("points", "processes")))
+                elif key == ARRIVAL and value:
+                    arrival = Arrival(float(value["fraction"]), int(value["processes"]),
+                                      _rest(value, ("fraction", "processes")))
                 elif key != "precision":
                     extra[key] = value
             except (KeyError, TypeError, ValueError) as exc:
                 raise EngineTermsError(f"{where}.{key}", f"cannot be read ({exc.__class__.__name__}: "
                                        f"{exc})", RECALIBRATE) from None
-        return cls(data.get("precision"), residuals, linears, curves, extra)
+        return cls(data.get("precision"), residuals, linears, curves, extra, arrival)
 
     def to_dict(self) -> Dict[str, Any]:
         out: Dict[str, Any] = {"precision": self.precision}
         out.update({k: v.to_dict() for k, v in self.residuals.items()})
         out.update({k: v.to_dict() for k, v in self.linears.items()})
         out.update({k: v.to_dict() for k, v in self.curves.items()})
+        if self.arrival is not None:
+            out[ARRIVAL] = self.arrival.to_dict()
         out.update(self.extra)
         return out
 
@@ -220,7 +279,8 @@ class EngineSection:
             return {**mine, **{n: theirs[n] for n in names if n in theirs}}
         return replace(self, residuals=pick(self.residuals, other.residuals),
                        linears=pick(self.linears, other.linears),
-                       curves=pick(self.curves, other.curves))
+                       curves=pick(self.curves, other.curves),
+                       arrival=other.arrival if ARRIVAL in names else self.arrival)
 
     def linear(self, name: str) -> Optional[Linear]:
         return self.linears.get(name)
@@ -329,3 +389,14 @@ class EngineTerms:
         """Per micro-batch on average: every micro-batch after the first adds its gradients."""
         per = self._linear("grad_accumulate", params, tensors) or 0.0
         return per * (self.m - 1) / self.m
+
+    def dp_wait(self, grad_sync, work_seconds: float) -> float:
+        """Per iteration: what a replica waits at its gradient all-reduce (``grad_sync``, the
+        stage's data-parallel calls) for the slowest replica, after ``work_seconds`` of work
+        since they last met; 0 without a data-parallel group or the measured term."""
+        term = self.section.arrival
+        sizes = [c.nodes * c.gpus_per_node for c in grad_sync
+                 if getattr(c, "purpose", None) == "dp_allreduce"]
+        if term is None or not sizes or work_seconds <= 0:
+            return 0.0
+        return term.at(max(sizes)) * work_seconds
