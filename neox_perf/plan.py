@@ -288,7 +288,8 @@ class Planner:
         self._units: Dict[tuple, tuple] = {}
         self._timed: Dict[Layout, Candidate] = {}  # layouts the bound predicted in full
         self._tails: Dict[tuple, tuple] = {}  # _tail_key -> per-stage sync + update seconds
-        self._quick_tails: Dict[tuple, tuple] = {}  # the same, from one micro-batch (near=)
+        # the same from one micro-batch (near=), with each stage's replicas' wait per second of work
+        self._quick_tails: Dict[tuple, tuple] = {}
         self._engine_terms = profile.manifest.engine is not None
         self.bounded = 0
         self.value = _values(raw)
@@ -711,6 +712,7 @@ class Planner:
         unchanged); each stage also cannot finish before its own ready time plus that."""
         if self._engine_terms and self.near is None:
             return 0.0
+        shares = None  # per stage, the replicas' wait per second of its work (quick search)
         stages = derived.stages
         last = len(stages) - 1
         key = (cfg.parallel.model_parallel_size, cfg.training.micro_batch_size,
@@ -725,15 +727,19 @@ class Planner:
             # stages; per-micro-batch stage times, the sync and the update do not depend on them),
             # of the sync and the update alone where the stage times are known already.
             tkey = _tail_key(cfg)
-            tails = self._quick_tails.get(tkey)
-            if tails is None:
+            quick = self._quick_tails.get(tkey)
+            if quick is None:
                 if missing:
                     one = self._one_micro_batch(cfg, derived)
-                    parts = [(t.grad_allreduce, t.optimizer, t.param_allgather) for t in one.stages]
+                    parts = [(t.grad_allreduce, t.optimizer, t.param_allgather,
+                              t.dp_wait / (t.forward + t.backward) if t.dp_wait > 0 else 0.0)
+                             for t in one.stages]
                 else:
                     parts = self._one_micro_batch_update(cfg, derived)
                 per = cfg.training.gradient_accumulation_steps if cfg.training.zero_stage >= 2 else 1
-                tails = self._quick_tails[tkey] = tuple(g * per + o + a for g, o, a in parts)
+                quick = self._quick_tails[tkey] = (tuple(g * per + o + a for g, o, a, _ in parts),
+                                                   tuple(w for *_, w in parts))
+            tails, shares = quick
         if missing:
             if self.near is not None:
                 cand, est = None, one or self._one_micro_batch(cfg, derived)
@@ -762,8 +768,11 @@ class Planner:
             own = fsum + m * (f + b)
             if own + bsum > best:
                 best = own + bsum
-            if tails is not None and own + tails[st.index] > best:
-                best = own + tails[st.index]
+            if tails is not None:
+                # the replicas wait for the slowest before the gradient sync (dp_arrival)
+                tail = tails[st.index] + (shares[st.index] * m * (f + b) if shares else 0.0)
+                if own + tail > best:
+                    best = own + tail
             fsum += f
             bsum += b
         # The timeline adds the same terms in another order: allow for rounding.

@@ -372,18 +372,21 @@ def _with_dp_wait(times: StageTimes, wait: float) -> StageTimes:
 
 
 def stage_tails(decomp: Decomposition, profile: Profile,
-                limits=None) -> Tuple[Tuple[float, float, float], ...]:
-    """Per stage, (gradient sync, optimizer step, parameter all-gather) seconds per iteration:
-    the StageTimes fields estimate() gives them (grad_allreduce, optimizer, param_allgather),
-    without the layers, the timeline and the rest (the planner's quick search needs these of
-    many layouts; tests/cli/test_plan_core.py holds them equal)."""
+                limits=None) -> Tuple[Tuple[float, float, float, float], ...]:
+    """Per stage, (gradient sync, optimizer step, parameter all-gather) seconds per iteration
+    and the replicas' wait for the slowest per second of the stage's work: the StageTimes fields
+    estimate() gives them (grad_allreduce, optimizer, param_allgather, dp_wait over the
+    micro-batches' forward + backward), without the layers, the timeline and the rest (the
+    planner's quick search needs these of many layouts; tests/cli/test_plan_core.py holds them
+    equal)."""
     corrections = Corrections.of(profile, decomp)
     engine = corrections.engine
     cache = _Cache(profile, engine, corrections.step, limits)
     out = []
     for work in decomp.stages:
         optimizer, grad_sync = _update(work, cache, engine)
-        out.append((grad_sync, optimizer + cache.terms.step_s, cache.total(work.param_allgather)))
+        share = engine.dp_wait(work.grad_sync, 1.0) if engine is not None else 0.0
+        out.append((grad_sync, optimizer + cache.terms.step_s, cache.total(work.param_allgather), share))
     return tuple(out)
 
 

@@ -89,9 +89,10 @@ def _decomposed(cfg, derived, profile: Profile, precision=None, transformer_laye
 
 
 def update_seconds(cfg, derived, profile: Profile):
-    """Per stage, (gradient sync, optimizer step, parameter all-gather) seconds per iteration,
-    as predict() times them (its estimate's stages: grad_allreduce, optimizer, param_allgather)
-    and nothing else of the iteration."""
+    """Per stage, (gradient sync, optimizer step, parameter all-gather) seconds per iteration
+    and the replicas' wait for the slowest per second of the stage's work, as predict() times
+    them (its estimate's stages: grad_allreduce, optimizer, param_allgather, dp_wait) and
+    nothing else of the iteration."""
     from .estimate import stage_tails
     decomp, limits = _decomposed(cfg, derived, profile)
     return stage_tails(decomp, profile, limits=limits)

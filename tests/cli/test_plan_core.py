@@ -61,11 +61,12 @@ def test_update_seconds_equal_the_full_prediction(write_yaml):
                                                              "per_param": 1e-9}},
             "grad_flatten": {"coef": {"t0": 0.25, "per_param": 1e-10}},
             "zero_step": {"coef": {"t0": 4e-3, "per_param": 2e-9}, "stage": 1, "processes": 2},
-            "zero_reduce": {"coef": {"t0": 1e-3, "per_param": 1e-10}, "stage": 1, "processes": 2}}))
+            "zero_reduce": {"coef": {"t0": 1e-3, "per_param": 1e-10}, "stage": 1, "processes": 2},
+            "dp_arrival": {"fraction": 0.03, "processes": 2}}))
 
         def __getattr__(self, name):
             return getattr(profile, name)
-    zeros, engine_moved = set(), 0
+    zeros, engine_moved, waited = set(), 0, 0
     for cand in plan.candidates:
         cfg, _, _ = pl.build(8, pl.overrides(cand.layout))
         one = pl._one(cfg)
@@ -74,10 +75,16 @@ def test_update_seconds_equal_the_full_prediction(write_yaml):
         for prof in (profile, WithEngine()):
             full = predict(one, derived, prof).estimate.stages
             got.append(update_seconds(one, derived, prof))
-            assert got[-1] == tuple((t.grad_allreduce, t.optimizer, t.param_allgather) for t in full)
+            assert tuple(g[:3] for g in got[-1]) == tuple((t.grad_allreduce, t.optimizer, t.param_allgather)
+                                                          for t in full)
+            # one micro-batch: the replicas' wait per second of the stage's work
+            assert [g[3] for g in got[-1]] == pytest.approx([t.dp_wait / (t.forward + t.backward)
+                                                             for t in full], rel=1e-12)
         zeros.add(cand.layout.zero_stage)
         engine_moved += got[0] != got[1]
+        waited += cand.layout.data_parallel_size > 1 and all(g[3] > 0 for g in got[1]) and not any(g[3] for g in got[0])
     assert zeros == {0, 1, 2} and engine_moved == len(plan.candidates)
+    assert waited == sum(c.layout.data_parallel_size > 1 for c in plan.candidates) > 0
 
 
 def test_lower_bound_never_exceeds_the_timeline(write_yaml):
@@ -236,3 +243,46 @@ def test_timeline_stream_memo_is_bit_identical():
     assert len(T._STREAMS) == 1
     assert reused == fresh and reused.events == fresh.events
     assert dict(reused.components) == dict(fresh.components)
+
+
+def _with_arrival(profile, fraction):
+    """The profile with engine terms in the run's precision, the replicas' wait among them."""
+    from dataclasses import replace as dc_replace
+    from neox_perf.prediction.corrections import EngineSection
+    section = {"precision": "fp16", "optimizer_step": {"coef": {"t0": 1e-3}},
+               **({"dp_arrival": {"fraction": fraction, "processes": 2}} if fraction else {})}
+
+    class WithEngine:
+        manifest = dc_replace(profile.manifest, engine=EngineSection.parse(section))
+
+        def __getattr__(self, name):
+            return getattr(profile, name)
+    return WithEngine()
+
+
+def test_the_quick_search_counts_the_replicas_wait(write_yaml):
+    """check's quick search (near=) estimates a layout from one micro-batch's stage times: with
+    replicas that wait for the slowest (dp_arrival) a data-parallel layout's estimate grows by
+    what the full prediction adds, and one without data parallelism does not move. (One stage:
+    past it the estimate is the pipeline's drain, which the tails do not extend.)"""
+    path = write_yaml("small.yml", SMALL)
+    profile = cluster()
+    plain, waits = _with_arrival(profile, 0.0), _with_arrival(profile, 0.05)
+    cfg0, _, _ = Planner(load_files([path]), plain, 50257).build(8, {})
+    near = layout_of(cfg0)
+    checked = {True: 0, False: 0}
+    for dp, pp, mp in ((8, 1, 1), (4, 1, 2), (2, 1, 4), (1, 1, 8)):
+        quick, full = [], []
+        for prof in (plain, waits):
+            pl = Planner(load_files([path]), prof, 50257, near=near, keep=2)
+            cfg, _, _ = pl.build(8, {"pipe_parallel_size": pp, "model_parallel_size": mp})
+            assert cfg.parallel.data_parallel_size == dp
+            batch = cfg.training.train_batch_size
+            quick.append(pl.bound(cfg, pl.shared(cfg), batch))
+            full.append(predict(cfg, pl.shared(cfg), prof).estimate.iteration_seconds)
+        if dp == 1:
+            assert quick[1] == quick[0] and full[1] == full[0]
+        else:
+            assert full[1] > full[0] and quick[1] - quick[0] == pytest.approx(full[1] - full[0], rel=0.01)
+        checked[dp > 1] += 1
+    assert checked == {True: 3, False: 1}
