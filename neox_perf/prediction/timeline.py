@@ -106,7 +106,8 @@ class Timeline:
     # For the report.  pipeline_seconds: end of the last backward on any stage.  The critical stage
     # splits as stage_ready = critical_compute_seconds + pp_p2p_seconds (its own sends) +
     # bubble_seconds.  *_exposed: the critical stage's tied / gradient all-reduce time past
-    # pipeline_seconds (the gradient all-reduce's with its wait for the slowest replica).  update_seconds: optimizer + all-gather on the critical path.  So
+    # pipeline_seconds (the gradient all-reduce's with its wait for the slowest replica).
+    # update_seconds: optimizer + all-gather on the critical path.  So
     # iteration_seconds == pipeline_seconds + tied_allreduce_exposed + dp_allreduce_exposed + update_seconds.
     # eq7_seconds: the paper's formula on the same inputs.
     components: Mapping[str, float] = field(hash=False)

@@ -187,8 +187,8 @@ class Arrival:
 
     For a smaller group the wait shrinks as the expected lead of the slowest of n over their
     mean (independent normal spreads: 0.56 standard deviations for two, 1.03 for four); for a
-    larger one it is held at the measured group's, not extrapolated: the interval carries the
-    rest."""
+    larger one it is held at the measured group's, not extrapolated (nothing measured how the
+    slowest of more replicas moves)."""
 
     fraction: float
     processes: int
