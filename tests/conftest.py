@@ -1,4 +1,5 @@
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -86,8 +87,12 @@ def benchmark_script():
     import importlib.util
 
     def load(name: str):
-        spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+        # registered under its own name while it runs, as an import would: dataclasses look
+        # their module up in sys.modules
+        qualified = f"benchmarks_{name}"
+        spec = importlib.util.spec_from_file_location(qualified, REPO / "benchmarks" / f"{name}.py")
         mod = importlib.util.module_from_spec(spec)
+        sys.modules[qualified] = mod
         spec.loader.exec_module(mod)
         return mod
     return load

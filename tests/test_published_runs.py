@@ -1,0 +1,61 @@
+"""benchmarks/published_runs.py: published DGX A100 SuperPOD runs, predicted on the bundled
+`dgx-a100` description, which nothing was fitted on.
+
+The transcription is checked against each source's own second column (a typo in a row fails
+here), and the runs of DeepSpeed's pipeline engine -- the engine NeoX runs -- must lie inside
+the 80% interval `check` prints for them: the interval's promise, on a cluster nobody fitted on.
+"""
+import math
+
+import pytest
+
+
+@pytest.fixture
+def published(benchmark_script):
+    return benchmark_script("published_runs")
+
+
+def test_sc21_rows_reproduce_the_published_aggregate(published):
+    # GPUs x teraFLOP/s per GPU is the table's aggregate petaFLOP/s, to its rounding (the per-GPU
+    # rate is printed in whole teraFLOP/s: up to 0.4% off at 140)
+    for billions, _a, _h, _l, _tp, _pp, gpus, _b, tflops, aggregate in published.SC21_TABLE:
+        assert gpus * tflops / 1000 == pytest.approx(aggregate, rel=0.005), billions
+
+
+def test_mtnlg_times_match_their_stated_rates(published):
+    # the stated seconds and the stated teraFLOP/s per GPU agree through the FLOP count the
+    # Megatron papers use (vocabulary padded to 51,200 at tensor parallel 8)
+    mtnlg = [r for r in published.RUNS if r.source == published.MTNLG]
+    assert [r.gpus for r in mtnlg] == [2240, 2800, 3360]
+    for run in mtnlg:
+        derived = published.sc21_seconds(run.layers, run.hidden, run.gpus, run.batch, run.tflops)
+        assert derived == pytest.approx(run.seconds, rel=0.01), run.name
+
+
+def test_sc21_time_is_the_papers_flop_count_over_the_rate(published):
+    run = next(r for r in published.RUNS if r.name == "Megatron-LM 1.7B")
+    flops = 96 * 512 * 2048 * 24 * 2304 ** 2 * (1 + 2048 / (6 * 2304) + 51200 / (16 * 24 * 2304))
+    assert run.seconds == pytest.approx(flops / (32 * 137e12))
+    assert not run.stated and run.dp == 32
+
+
+def test_configs_divide_the_batch_or_are_skipped(published):
+    run = next(r for r in published.RUNS if r.name == "MT-NLG 530B, 420 nodes")
+    cfg = published.neox_config(run, 1)
+    assert run.dp == 12
+    assert cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * run.dp == 1920
+    odd = published.Run("odd", "x", "x", 2, 64, 1, 1, 1, 3, 4, 1.0, 1.0)
+    assert published.neox_config(odd, 1) is None  # 4 sequences over 3 replicas
+
+
+def test_deepspeed_pipeline_runs_lie_inside_the_printed_interval(published):
+    mtnlg = [r for r in published.RUNS if r.source == published.MTNLG]
+    rows = published.predicted(mtnlg, micro_batches=(1,))
+    for row in rows:
+        got = row["predicted"][1]
+        assert got["exit_code"] == 0 and got["regime"] == "across nodes", got
+        lo, hi = got["interval"]
+        assert lo <= row["run"]["seconds"] <= hi, (row["run"]["name"], got)
+        assert math.isfinite(got["error"])
+    s = published.summary(rows)[published.MTNLG]
+    assert s["runs"] == 3 and s["inside"] == 3
