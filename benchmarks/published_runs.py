@@ -22,7 +22,9 @@ Neither source states the micro-batch: each run is predicted at every candidate 
 memory (`MICRO_BATCHES`), and the summary takes micro-batch 1 (the only one every run fits at)
 with the candidates' range beside it.
 
-    python benchmarks/published_runs.py [--cluster dgx-a100] [--json]
+    python benchmarks/published_runs.py [--cluster dgx-a100] [--json] [--write DIR]
+
+--write DIR also writes each run's config at micro-batch 1 (DIR/<run>.yml), to check or plan it.
 """
 from __future__ import annotations
 
@@ -212,7 +214,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cluster", default="dgx-a100", help="cluster profile or description (default dgx-a100)")
     ap.add_argument("--json", action="store_true", help="the rows and the summary as JSON")
+    ap.add_argument("--write", type=Path, metavar="DIR", help="write each run's config at micro-batch 1 here")
     args = ap.parse_args(argv)
+    if args.write:
+        args.write.mkdir(parents=True, exist_ok=True)
+        for run in RUNS:
+            name = run.name.lower().replace(",", "").replace(" ", "-")
+            (args.write / f"{name}.yml").write_text(f"# {run.name}: {run.source}; run with --gpus {run.gpus}\n"
+                                                    + json.dumps(neox_config(run, 1), indent=1) + "\n")
     rows = predicted(cluster=args.cluster)
     if args.json:
         print(json.dumps({"cluster": args.cluster, "rows": rows, "summary": summary(rows),

@@ -97,6 +97,9 @@ class Candidate:
     # layouts that differ from this one only in a setting that changes nothing predicted
     # (partition method, ZeRO stage): same time and memory, folded into this row (`collapse`)
     equivalent: List[Layout] = field(repr=False, default_factory=list)
+    # its tensor-parallel group spans nodes: check warns (advice.tensor_parallel_verdicts), and
+    # its interval's high end carries that (corrections.interval.TP_ACROSS_UPWARD)
+    tp_across_nodes: bool = False
 
     @property
     def cost(self) -> float:
@@ -484,6 +487,7 @@ class Planner:
         return self._evaluate(cfg, derived, batch)[0]
 
     def _evaluate(self, cfg, derived, batch: int):
+        from .prediction.operators import group_placement
         from .prediction.predict import predict
         from .result import mfu_peak
         pred = predict(cfg, derived, self.profile, timeline_events=False)  # a row reads no event
@@ -506,7 +510,8 @@ class Planner:
             max_memory_fraction=worst / self.usable, fits=worst <= self.fail_above,
             dominant=dominant(est), seconds_per_batch=per_batch, run_seconds=run,
             gpu_hours=None if run is None else run * p.world_size / 3600.0,
-            batch_difference=t.train_batch_size - batch, breakdown=dict(est.breakdown)), est
+            batch_difference=t.train_batch_size - batch, breakdown=dict(est.breakdown),
+            tp_across_nodes=group_placement(p.model_parallel_size, 1, p.gpus_per_node)[0] > 1), est
 
     # -- the whole plan -----------------------------------------------------------------------
 

@@ -138,6 +138,7 @@ def candidate_dict(c) -> dict:
         "fits": c.fits,
         "max_memory_fraction": c.max_memory_fraction,
         "dominant": c.dominant,
+        "tp_across_nodes": c.tp_across_nodes,
         "pareto": c.pareto,
         "equivalent": [{"pipe_partition_method": e.pipe_partition_method, "zero_stage": e.zero_stage}
                        for e in c.equivalent],

@@ -169,6 +169,9 @@ def _render_prediction(result, console) -> None:
                  + (f"  80% interval {_s(iv[0])} .. {_s(iv[1])} ({est.regime})" if iv else "  (no interval: the "
                     "profile carries no measured end-to-end residuals)")
                  + f"  (the closed form of arXiv 2509.22832, Eq. 7: {_s(est.eq7_seconds)})")
+    if iv and est.regime == "across nodes" and est.tp_across_share > 0:
+        grid.add_row("", f"its high end rises by the {est.tp_across_share:.0%} of the step in tensor-parallel "
+                     "collectives across nodes, which no measured run behind the interval had")
     if est.unseen_terms:
         grid.add_row("", "the interval spans step terms the profile's runs could not see: "
                      + ", ".join(f"{n} {_s(lo)} .. {_s(hi)}" for n, (lo, hi) in est.unseen_terms.items()))

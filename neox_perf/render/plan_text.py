@@ -77,6 +77,15 @@ def render(result, console) -> None:
                            f"changes nothing predicted (partition +N, ZeRO a/b): folded into it",
                            style="dim"))
     best = plan.candidates[0] if plan.candidates else None
+    if any(c.tp_across_nodes for _, c, _ in rows):
+        inside = next((c for c in plan.candidates if not c.tp_across_nodes), None)
+        console.print(Text(f"{TP_ACROSS}: tensor parallelism spans nodes -- every layer's all-reduces cross the "
+                           "inter-node network; check warns, no measured run behind the interval had it "
+                           "(its high end is raised by their share of the step)"
+                           + (f"; the best layout with tensor parallelism inside a node ranks {inside.rank} "
+                              f"({inside.layout.short()}, {_s(inside.iteration_seconds)})"
+                              if inside is not None and best is not None and best.tp_across_nodes else ""),
+                           style="yellow"))
     if plan.within_interval and best is not None:
         lo, hi = best.interval_seconds
         console.print(Text(f"ranks 1-{plan.within_interval + 1} lie within rank 1's 80% interval "
@@ -103,6 +112,8 @@ def render(result, console) -> None:
         console.print(Text(f"wrote {result.written}: merge it after your files ({keys})",
                            style="green"))
 
+
+TP_ACROSS = "^"  # marks a layout whose tensor-parallel group spans nodes
 
 _PART = {"type:transformer|mlp": "type", "parameters": "params", "uniform": "uniform"}
 
@@ -131,8 +142,8 @@ def _columns(width: int, multi: bool, rows):
     cols = [
         ("rank", lambda c, r: r, False, 0),
         ("GPUs", lambda c, r: str(L(c).gpus), False, 0 if multi else None),
-        ("pp-mp-dp", lambda c, r: L(c).short() + ("/pp0" if L(c).pipe_parallel_size == 0 else ""),
-         True, 0),
+        ("pp-mp-dp", lambda c, r: L(c).short() + ("/pp0" if L(c).pipe_parallel_size == 0 else "")
+         + (TP_ACROSS if c.tp_across_nodes else ""), True, 0),
         ("micro x acc", lambda c, r: f"{L(c).train_micro_batch_size_per_gpu}x"
                                      f"{L(c).gradient_accumulation_steps}", True, 0),
         ("batch", lambda c, r: f"{c.batch_difference:+d}" if c.batch_difference else "=", False,

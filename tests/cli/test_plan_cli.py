@@ -28,7 +28,7 @@ CONTRACT = {
     "candidate": {"rank", "gpus", "layout", "train_batch_size", "batch_difference",
                   "iteration_seconds", "interval_seconds", "tokens_per_second", "mfu", "run_hours",
                   "gpu_hours", "fits", "max_memory_fraction", "dominant", "pareto",
-                  "equivalent"},  # added in v1
+                  "equivalent", "tp_across_nodes"},  # the last two added in v1
     "layout": {"pipe_parallel_size", "model_parallel_size", "data_parallel_size",
                "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
                "checkpoint_activations", "zero_stage", "pipe_partition_method"},
@@ -302,3 +302,24 @@ def test_plan_takes_set_like_check(write_yaml, cluster):
                         "--set", "model_parallel_size=1", "--set", "pipe_parallel_size=1"])
     base = json.loads(out)["baseline"]["layout"]
     assert (base["model_parallel_size"], base["pipe_parallel_size"]) == (1, 1)
+
+
+def test_marks_tensor_parallelism_across_nodes_as_check_warns(write_yaml):
+    # dgx-a100: 8 GPUs a node, so model parallel 16 spans two; check warns on such a layout
+    path = write_yaml("small.yml", SMALL)
+    argv = ["plan", path, "--gpus", "32", "--cluster", "dgx-a100", "--top", "0"]
+    code, out, err = run(argv + ["--json"])
+    assert code == exitcodes.OK, err
+    cands = json.loads(out)["candidates"]
+    assert {c["tp_across_nodes"] for c in cands} == {True, False}
+    for c in cands:
+        assert c["tp_across_nodes"] == (c["layout"]["model_parallel_size"] > 8)
+    spans = next(c for c in cands if c["tp_across_nodes"])
+    written = write_yaml("spans.yml", SMALL.replace("model_parallel_size: 2", "model_parallel_size: 16")
+                         .replace("pipe_parallel_size: 2", f"pipe_parallel_size: {spans['layout']['pipe_parallel_size']}"))
+    check = json.loads(run(["check", written, "--gpus", "32", "--cluster", "dgx-a100", "--json"])[1])
+    assert "tensor_parallel_across_nodes" in {v["code"] for v in check["verdicts"]}
+    assert check["prediction"]["tp_across_nodes_share"] > 0
+    code, text, _ = run(argv)
+    text = " ".join(text.split())
+    assert "^: tensor parallelism spans nodes" in text and "-16-" in text and "^" in text.split("^:")[0]
