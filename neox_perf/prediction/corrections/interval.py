@@ -74,10 +74,9 @@ ONE_NIC_UPWARD = 1.0
 # prices it at the fabric's bandwidth, and the one published comparison says it is slower than
 # that in practice (Narayanan et al., SC21, arXiv 2104.04473, Takeaway #1 in sec. 3.2, measured
 # in sec. 5.4: tensor parallelism "should generally be used up to degree g when using g-GPU
-# servers"). An uncertainty, not a
-# term: the high end rises by the iteration's share in those collectives, once more (x2 on that
-# share, as ONE_NIC_UPWARD); the point does not move. (One GPU per node: ONE_NIC_UPWARD already
-# raises every collective that crosses nodes, these included.)
+# servers"). An uncertainty, not a term: the high end rises by the iteration's share in those
+# collectives, once more (x2 on that share, as ONE_NIC_UPWARD); the point does not move. (One
+# GPU per node: ONE_NIC_UPWARD already raises every collective that crosses nodes, these too.)
 TP_ACROSS_UPWARD = 1.0
 
 
