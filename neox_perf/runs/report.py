@@ -167,7 +167,11 @@ def _components(ranks: List[dict], pred: Dict[str, Any], m: int,
     row("encoder_backward", bd.get("encoder_backward"), None, "not measured: no per-layer timing")
     allr = [s for v in stages.values() for s in v]
     opt = _max(_per_iter(s, "optimizer_step") or _per_iter(s, "step") for s in allr)
-    row("optimizer", bd.get("optimizer"), opt, "whole optimizer step (unscale, clip, update)")
+    # a ZeRO optimizer's step ends with its parameter all-gather, inside the timed step: the
+    # prediction compared with it holds that too (the all-gather also has its own row below)
+    gather = bd.get("dp_allgather") or 0.0
+    row("optimizer", None if bd.get("optimizer") is None else bd["optimizer"] + gather, opt,
+        "whole optimizer step (unscale, clip, update" + (", ZeRO's all-gather)" if gather else ")"))
     # ReduceGrads as a rank times it: the wait for the slowest replica, then the all-reduce
     dp = bd.get("dp_allreduce")
     row("dp_allreduce", None if dp is None else dp + bd.get("dp_wait", 0.0),

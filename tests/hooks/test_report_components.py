@@ -28,3 +28,20 @@ def test_partition_gathers_are_the_pp_allgather_row():
     for r in ranks:
         r["facts"]["mp"] = 1
     assert {r["name"]: r for r in _components(ranks, {}, 3)}["pp_allgather"]["measured"] is None
+
+
+def test_a_zero_step_is_compared_with_its_all_gather_inside():
+    # ZeRO-1, dp 2, no pipeline: DeepSpeed's step ends with the parameter all-gather, so the
+    # timed step holds it; the predicted optimizer row adds the predicted all-gather to match
+    ranks = [dict(_rank(r, 0, 1, [("allgather", "step", 0.02)]), facts={"stage": 0, "stages": 1})
+             for r in (0, 1)]
+    plain = {r: {"phases": {"step": 0.018}} for r in (0, 1)}
+    bd = {"optimizer": 0.007, "dp_allgather": 0.009}
+    rows = {r["name"]: r for r in _components(ranks, {"breakdown": bd}, 2, plain)}
+    assert rows["optimizer"]["predicted"] == pytest.approx(0.016)
+    assert rows["optimizer"]["measured"] == pytest.approx(0.018)
+    assert "ZeRO's all-gather" in rows["optimizer"]["note"]
+    assert rows["dp_allgather"]["predicted"] == 0.009 and rows["dp_allgather"]["measured"] == pytest.approx(0.01)
+    # without ZeRO the row is the optimizer's alone
+    rows = {r["name"]: r for r in _components(ranks, {"breakdown": {"optimizer": 0.007}}, 2, plain)}
+    assert rows["optimizer"]["predicted"] == 0.007 and "ZeRO" not in rows["optimizer"]["note"]
