@@ -97,8 +97,8 @@ class Candidate:
     # layouts that differ from this one only in a setting that changes nothing predicted
     # (partition method, ZeRO stage): same time and memory, folded into this row (`collapse`)
     equivalent: List[Layout] = field(repr=False, default_factory=list)
-    # its tensor-parallel group spans nodes: check warns (advice.tensor_parallel_verdicts), and
-    # its interval's high end carries that (corrections.interval.TP_ACROSS_UPWARD)
+    # its tensor-parallel group spans nodes: every layer's all-reduces cross the fabric, and
+    # check warns on it (advice.tensor_parallel_verdicts)
     tp_across_nodes: bool = False
 
     @property

@@ -215,7 +215,6 @@ def _prediction(result: CheckResult) -> Optional[dict]:
         "interval_seconds": list(est.interval_seconds) if est.interval_seconds else None,
         "regime": est.regime,
         "inter_node_share": est.inter_node_share,
-        "tp_across_nodes_share": est.tp_across_share,
         # per step term the profile's runs could not see: the iteration at its low and high end
         # (the interval reaches them: corrections/unseen.py)
         "unseen_terms": {name: list(ends) for name, ends in est.unseen_terms.items()},

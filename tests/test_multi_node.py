@@ -96,11 +96,7 @@ def test_a_job_across_nodes_pays_the_term_one_inside_a_node_does_not(tmp_path):
 def test_each_regime_has_its_interval_and_one_nic_per_gpu_skews_upward():
     iv = Intervals(Interval(0.9, 1.1), Interval(0.85, 1.15))
     assert iv.of(INSIDE_NODE) == Interval(0.9, 1.1)
-    across = iv.of(ACROSS_NODES)
-    assert (across.lo_ratio, across.hi_ratio) == (0.85, 1.15)
-    assert across.around(10.0, inter_node_share=0.4) == pytest.approx((8.5, 11.5))  # sampled: no skew
-    # tensor parallelism across nodes, which no run behind an interval had: the high end rises
-    assert across.around(10.0, tp_across_share=0.25) == pytest.approx((8.5, 11.5 * 1.25))
+    assert iv.of(ACROSS_NODES) == Interval(0.85, 1.15)
     one_nic = iv.of(ONE_NIC_PER_GPU)
     lo, hi = one_nic.around(10.0, inter_node_share=0.4)
     assert lo == pytest.approx(8.5)  # the low end stays: a real run is not faster than the fabric
@@ -114,7 +110,7 @@ def test_each_regime_has_its_interval_and_one_nic_per_gpu_skews_upward():
     # the across-nodes interval is stored beside it, and read back as written
     section = StepTermsSection.parse({"interval": {"lo_ratio": 0.9, "hi_ratio": 1.1},
                                       "intervals": {"across_nodes": {"lo_ratio": 0.8, "hi_ratio": 1.2}}})
-    assert section.regime_intervals().across_nodes == Interval(0.8, 1.2)
+    assert section.regime_intervals().of(ACROSS_NODES) == Interval(0.8, 1.2)
     assert StepTermsSection.parse(section.to_dict()) == section
     with pytest.raises(ProfileError, match="intervals"):
         StepTermsSection.parse({"interval": {"lo_ratio": 0.9, "hi_ratio": 1.1},
@@ -220,22 +216,3 @@ def test_micro_batch_pairs_measure_the_move_from_mb_to_twice_mb(benchmark_script
             (Run(micro_batch=1, tp=1), 0.02)]  # alone
     (found,) = pairs(rows, key=lambda r: r.tp)
     assert found[:2] == (8, 2) and found[2] == pytest.approx(10.0)
-
-
-def test_tensor_parallelism_across_nodes_raises_the_high_end_only():
-    # 8-GPU nodes: tensor parallel 16 spans two of them, 8 stays inside one (the same model)
-    profile = load_cluster(str(VTRAIN))
-    across = of_profile(profile)[1].of(ACROSS_NODES)
-    got = {}
-    for tp in (8, 16):
-        cfg, derived = devset.build_config(_run(tp=tp, dp=64 // tp), 8)
-        got[tp] = predict(cfg, derived, profile).estimate
-    inside, spans = got[8], got[16]
-    assert inside.regime == spans.regime == ACROSS_NODES  # both all-reduce gradients across nodes
-    assert inside.tp_across_share == 0.0
-    assert 0.05 < spans.tp_across_share <= spans.inter_node_share
-    for est, share in ((inside, 0.0), (spans, spans.tp_across_share)):
-        lo, hi = est.interval_seconds
-        plain_lo, plain_hi = across.around(est.iteration_seconds, est.extrapolated_share, est.inter_node_share)
-        assert lo == pytest.approx(plain_lo)  # the low end and the point stay
-        assert hi == pytest.approx(plain_hi * (1 + share) if share else plain_hi)

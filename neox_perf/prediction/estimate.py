@@ -79,9 +79,6 @@ class IterationEstimate:
     # iteration the critical stage spends in collectives that cross nodes
     regime: str = INSIDE_NODE
     inter_node_share: float = 0.0
-    # of the iteration, the critical stage's tensor-parallel collectives whose group spans nodes:
-    # the interval's high end rises by it (corrections.interval.TP_ACROSS_UPWARD)
-    tp_across_share: float = 0.0
     # per collective purpose (dp_allreduce, mp_allreduce, pp_p2p, ...): where its prices came
     # from -- sampled on this cluster, a description's link model, or the engine's own run
     collective_sources: Dict[str, str] = field(default_factory=dict)
@@ -351,16 +348,9 @@ def _operator_seconds(work: StageWork, cache: _Cache,
     return {k: v for k, v in out.items() if v > 0}, extrapolated
 
 
-# the collectives of a stage's tensor-parallel group (its all-reduces, and the all-gathers that
-# rebuild partitioned pipeline activations over the same group)
-TP_PURPOSES = ("mp_allreduce", "pp_allgather")
-
-
-def _inter_node_seconds(work: StageWork, cache: _Cache, micro_batches: int,
-                        purposes: Optional[Tuple[str, ...]] = None) -> Optional[float]:
+def _inter_node_seconds(work: StageWork, cache: _Cache, micro_batches: int) -> Optional[float]:
     """Seconds per iteration one stage's ranks spend in collectives that cross nodes (its sends
-    and receives included: a pipeline send blocks both ends); None when none crosses.
-    ``purposes``: only collectives of these purposes (CommCall.purpose)."""
+    and receives included: a pipeline send blocks both ends); None when none crosses."""
     n, m = work.transformer_layers, micro_batches
     runs = ((work.layer_forward, (n + work.recompute_layers) * m), (work.layer_backward, n * m),
             (work.forward, m), (work.backward, m), (work.grad_sync, 1), (work.tied_sync, 1),
@@ -368,8 +358,7 @@ def _inter_node_seconds(work: StageWork, cache: _Cache, micro_batches: int,
     seconds, crosses = 0.0, False
     for calls, times in runs:
         for _, priced in cache.priced([c for c in calls if c is not None],
-                                      lambda c: isinstance(c, CommCall) and c.nodes > 1
-                                      and (purposes is None or c.purpose in purposes)):
+                                      lambda c: isinstance(c, CommCall) and c.nodes > 1):
             crosses = True
             seconds += priced * times
     return seconds if crosses else None
@@ -460,21 +449,17 @@ def estimate(decomp: Decomposition, profile: Profile, terms: Optional[StepTerms]
     regime = regime_of(bool(across), decomp.gpus_per_node)
     interval = corrections.intervals.of(regime) if corrections.intervals is not None else None
     inter_share = min(max(across, default=0.0) / seconds, 1.0) if seconds > 0 else 0.0
-    # tensor parallelism across nodes: a regime no measured interval covers (corrections.interval)
-    tp_across = max((s for s in (_inter_node_seconds(w, cache, m, TP_PURPOSES) for w in decomp.stages)
-                     if s is not None), default=0.0)
-    tp_share = min(tp_across / seconds, 1.0) if seconds > 0 else 0.0
     return IterationEstimate(
         iteration_seconds=seconds, timeline=tl, stages=tuple(times),
         breakdown=breakdown, operators=operators,
         flags=tuple(Flag(k, v, "capped" if k in cache.capped_only else "extrapolated")
                     for k, v in sorted(cache.flags.items())),
         eq7_seconds=eq7_seconds(costs, m),
-        interval_seconds=interval.around(seconds, extrapolated / seconds, inter_share, tp_share)
+        interval_seconds=interval.around(seconds, extrapolated / seconds, inter_share)
         if interval and seconds > 0 else None,
         extrapolated_share=extrapolated / seconds if seconds > 0 else 0.0,
         coverage=dict(sorted(cache.coverage.items())),
-        regime=regime, inter_node_share=inter_share, tp_across_share=tp_share,
+        regime=regime, inter_node_share=inter_share,
         collective_sources={k: " + ".join(sorted(v)) for k, v in sorted(cache.sources.items())})
 
 

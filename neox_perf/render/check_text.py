@@ -10,7 +10,6 @@ from rich.table import Table
 from rich.text import Text
 
 from ..config.verdicts import LEVELS
-from ..prediction.corrections import ACROSS_NODES
 from ..prediction.network import DESCRIBE_YOUR_NODES
 from .check_line import _cluster_arg
 from .op_names import PHASES, neox_name, split
@@ -170,9 +169,6 @@ def _render_prediction(result, console) -> None:
                  + (f"  80% interval {_s(iv[0])} .. {_s(iv[1])} ({est.regime})" if iv else "  (no interval: the "
                     "profile carries no measured end-to-end residuals)")
                  + f"  (the closed form of arXiv 2509.22832, Eq. 7: {_s(est.eq7_seconds)})")
-    if iv and est.regime == ACROSS_NODES and est.tp_across_share > 0:
-        grid.add_row("", f"its high end rises by the {est.tp_across_share:.0%} of the step in tensor-parallel "
-                     "collectives across nodes, which no measured run behind the interval had")
     if est.unseen_terms:
         grid.add_row("", "the interval spans step terms the profile's runs could not see: "
                      + ", ".join(f"{n} {_s(lo)} .. {_s(hi)}" for n, (lo, hi) in est.unseen_terms.items()))

@@ -80,8 +80,7 @@ def render(result, console) -> None:
     if any(c.tp_across_nodes for _, c, _ in rows):
         inside = next((c for c in plan.candidates if not c.tp_across_nodes), None)
         console.print(Text(f"{TP_ACROSS}: tensor parallelism spans nodes -- every layer's all-reduces cross the "
-                           "inter-node network; check warns, no measured run behind the interval had it "
-                           "(its high end is raised by their share of the step)"
+                           "inter-node network, and check warns on it"
                            + (f"; the best layout with tensor parallelism inside a node ranks {inside.rank} "
                               f"({inside.layout.short()}, {_s(inside.iteration_seconds)})"
                               if inside is not None and best is not None and best.tp_across_nodes else ""),

@@ -319,7 +319,6 @@ def test_marks_tensor_parallelism_across_nodes_as_check_warns(write_yaml):
                          .replace("pipe_parallel_size: 2", f"pipe_parallel_size: {spans['layout']['pipe_parallel_size']}"))
     check = json.loads(run(["check", written, "--gpus", "32", "--cluster", "dgx-a100", "--json"])[1])
     assert "tensor_parallel_across_nodes" in {v["code"] for v in check["verdicts"]}
-    assert check["prediction"]["tp_across_nodes_share"] > 0
     code, text, _ = run(argv)
     text = " ".join(text.split())
     assert "^: tensor parallelism spans nodes" in text and "-16-" in text and "^" in text.split("^:")[0]

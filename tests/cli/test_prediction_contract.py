@@ -19,9 +19,6 @@ PREDICTION_KEYS = {
     "collective_sources",
     # per step term the profile's runs could not see, the iteration at its two ends (empty: none)
     "unseen_terms",
-    # the share of the step in tensor-parallel collectives whose group spans nodes (the
-    # interval's high end rises by it)
-    "tp_across_nodes_share",
 }
 
 
@@ -49,7 +46,6 @@ def test_prediction_keys_and_interval(capsys, cluster):
     # (one NIC per GPU on Vista's single-GPU nodes), and some of the step crosses nodes
     assert pred["regime"] == ("one NIC per GPU" if cluster == "vista-gh200" else "across nodes")
     assert 0.0 < pred["inter_node_share"] <= 1.0
-    assert 0.0 <= pred["tp_across_nodes_share"] <= pred["inter_node_share"]
     # every operator/phase of the decomposition, against the samples of the model predicting it
     rows = pred["coverage"]
     assert rows and {r["what"] for r in rows} >= {"linear1 fwd", "linear1 bwd"}

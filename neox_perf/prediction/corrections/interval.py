@@ -18,15 +18,11 @@ class Interval:
     # that cross nodes: where the evidence is an uncertainty and not a measured term (a fabric
     # nobody measured under a real job), the interval is skewed upward, not the point moved
     upward_per_inter_node: float = 0.0
-    # the same, per unit share of the iteration in tensor-parallel collectives whose group spans
-    # nodes (a regime's, Intervals.of; never fitted: no measured run behind any interval had it)
-    upward_per_tp_across: float = 0.0
 
     def around(self, seconds: float, extrapolated_share: float = 0.0,
-               inter_node_share: float = 0.0, tp_across_share: float = 0.0) -> Tuple[float, float]:
+               inter_node_share: float = 0.0) -> Tuple[float, float]:
         w = self.widen_per_extrapolated * max(0.0, min(1.0, extrapolated_share))
-        up = (self.upward_per_inter_node * max(0.0, min(1.0, inter_node_share))
-              + self.upward_per_tp_across * max(0.0, min(1.0, tp_across_share)))
+        up = self.upward_per_inter_node * max(0.0, min(1.0, inter_node_share))
         return seconds * self.lo_ratio / (1.0 + w), seconds * self.hi_ratio * (1.0 + w) * (1.0 + up)
 
     def widened(self, relative: float) -> "Interval":
@@ -34,11 +30,10 @@ class Interval:
         return replace(self, lo_ratio=self.lo_ratio / (1 + relative), hi_ratio=self.hi_ratio * (1 + relative))
 
     def to_dict(self) -> Dict[str, float]:
-        # the upward skews are a regime's (Intervals.of), never fitted: stored only where set
+        # the upward skew is a regime's (Intervals.of), never fitted: stored only where set
         out = asdict(self)
-        for key in ("upward_per_inter_node", "upward_per_tp_across"):
-            if not out[key]:
-                del out[key]
+        if not self.upward_per_inter_node:
+            del out["upward_per_inter_node"]
         return out
 
     @classmethod
@@ -46,12 +41,10 @@ class Interval:
         lo, hi = float(data["lo_ratio"]), float(data["hi_ratio"])
         if not (0 < lo <= 1.0 <= hi and math.isfinite(hi)):
             raise ValueError(f"interval ratios must satisfy 0 < lo <= 1 <= hi, got {lo}, {hi}")
-        ups = {}
-        for key in ("upward_per_inter_node", "upward_per_tp_across"):
-            ups[key] = float(data.get(key, 0.0))
-            if not (math.isfinite(ups[key]) and ups[key] >= 0):
-                raise ValueError(f"{key} must be a finite number >= 0, got {ups[key]}")
-        return cls(lo, hi, float(data.get("widen_per_extrapolated", 0.0)), **ups)
+        up = float(data.get("upward_per_inter_node", 0.0))
+        if not (math.isfinite(up) and up >= 0):
+            raise ValueError(f"upward_per_inter_node must be a finite number >= 0, got {up}")
+        return cls(lo, hi, float(data.get("widen_per_extrapolated", 0.0)), up)
 
 
 # Where a job runs, for its interval: the residuals differ by regime (cross-validated in
@@ -68,16 +61,6 @@ REGIMES = (INSIDE_NODE, ACROSS_NODES, ONE_NIC_PER_GPU)
 # time. So such a job's interval is the across-nodes one with its high end raised by the
 # iteration's inter-node share, once more (x2 on that share).
 ONE_NIC_UPWARD = 1.0
-# Tensor parallelism whose group spans nodes, on a cluster of several GPUs per node: every
-# layer's all-reduces leave NVLink for the fabric. No run behind any bundled interval had it
-# (vTrain's and Jean Zay's tensor-parallel groups stay inside their 8-GPU nodes), the link model
-# prices it at the fabric's bandwidth, and the one published comparison says it is slower than
-# that in practice (Narayanan et al., SC21, arXiv 2104.04473, Takeaway #1 in sec. 3.2, measured
-# in sec. 5.4: tensor parallelism "should generally be used up to degree g when using g-GPU
-# servers"). An uncertainty, not a term: the high end rises by the iteration's share in those
-# collectives, once more (x2 on that share, as ONE_NIC_UPWARD); the point does not move. (One
-# GPU per node: ONE_NIC_UPWARD already raises every collective that crosses nodes, these too.)
-TP_ACROSS_UPWARD = 1.0
 
 
 def regime_of(crosses_nodes: bool, gpus_per_node: int) -> str:
@@ -94,13 +77,12 @@ class Intervals:
     across_nodes: Interval
     # the one-NIC-per-GPU skew (ONE_NIC_UPWARD) where the residuals are not of such a cluster
     one_nic_upward: float = ONE_NIC_UPWARD
-    tp_across_upward: float = TP_ACROSS_UPWARD  # tensor parallelism across nodes (several GPUs per node)
 
     def of(self, regime: str) -> Interval:
         if regime == INSIDE_NODE:
             return self.inside_node
         if regime == ACROSS_NODES:
-            return replace(self.across_nodes, upward_per_tp_across=self.tp_across_upward)
+            return self.across_nodes
         if regime == ONE_NIC_PER_GPU:
             return replace(self.across_nodes, upward_per_inter_node=self.one_nic_upward)
         raise ValueError(f"unknown regime {regime!r}; known: {', '.join(REGIMES)}")
@@ -113,4 +95,4 @@ class Intervals:
     def single(cls, interval: Interval) -> "Intervals":
         """One interval for every regime: a profile validated on its own machine, whose residuals
         are that machine's, network included -- nothing to skew."""
-        return cls(interval, interval, one_nic_upward=0.0, tp_across_upward=0.0)
+        return cls(interval, interval, one_nic_upward=0.0)
