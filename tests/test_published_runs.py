@@ -59,3 +59,26 @@ def test_deepspeed_pipeline_runs_lie_inside_the_printed_interval(published):
         assert math.isfinite(got["error"])
     s = published.summary(rows)[published.MTNLG]
     assert s["runs"] == 3 and s["inside"] == 3
+
+
+def test_plan_on_mtnlg_names_the_best_layout_inside_a_node(published, tmp_path):
+    # at 2,240 GPUs the predicted best puts tensor parallelism across nodes (checkpointing off):
+    # plan marks it and names the best layout that keeps tensor parallelism inside a node
+    import contextlib
+    import io
+    import json
+    from neox_perf.cli import main
+    run = next(r for r in published.RUNS if r.name == "MT-NLG 530B, 280 nodes")
+    path = tmp_path / "mtnlg.yml"
+    path.write_text(json.dumps(published.neox_config(run, 1)))
+    argv = ["plan", str(path), "--gpus", "2240", "--cluster", "dgx-a100", "--top", "10"]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(argv + ["--json"]) == 0
+    cands = json.loads(out.getvalue())["candidates"]
+    assert cands[0]["tp_across_nodes"] and cands[0]["layout"]["model_parallel_size"] > 8
+    inside = next(c for c in cands if not c["tp_across_nodes"])
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        main(argv)
+    assert f"the best layout with tensor parallelism inside a node ranks {inside['rank']}" in " ".join(text.getvalue().split())

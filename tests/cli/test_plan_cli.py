@@ -322,3 +322,7 @@ def test_marks_tensor_parallelism_across_nodes_as_check_warns(write_yaml):
     code, text, _ = run(argv)
     text = " ".join(text.split())
     assert "^: tensor parallelism spans nodes" in text and "-16-" in text and "^" in text.split("^:")[0]
+    # the best layout that keeps it inside a node is named only where one that does not ranks first
+    inside = next(c for c in cands if not c["tp_across_nodes"])
+    named = f"the best layout with tensor parallelism inside a node ranks {inside['rank']}"
+    assert (named in text) == cands[0]["tp_across_nodes"]
