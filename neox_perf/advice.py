@@ -81,12 +81,12 @@ def memory_fix(cfg: NeoxConfig, mem) -> Tuple[str, str]:
 def tensor_parallel_verdicts(cfg: NeoxConfig, estimate=None) -> List[Verdict]:
     """Tensor parallelism whose group spans nodes: its all-reduces (two per layer in forward,
     two in backward) leave NVLink for the inter-node network."""
-    from .prediction.operators import group_placement
+    from .prediction.operators import tensor_parallel_placement
     p = cfg.parallel
     mp, gpn = p.model_parallel_size, p.gpus_per_node
     if mp <= 1:
         return []
-    nodes, _ = group_placement(mp, 1, gpn)
+    nodes, _ = tensor_parallel_placement(mp, gpn)
     if nodes <= 1:
         return []
     share = ""

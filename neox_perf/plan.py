@@ -98,7 +98,7 @@ class Candidate:
     # (partition method, ZeRO stage): same time and memory, folded into this row (`collapse`)
     equivalent: List[Layout] = field(repr=False, default_factory=list)
     # its tensor-parallel group spans nodes: every layer's all-reduces cross the fabric, and
-    # check warns on it (advice.tensor_parallel_verdicts)
+    # check warns on it (operators.tensor_parallel_placement places it for both)
     tp_across_nodes: bool = False
 
     @property
@@ -487,7 +487,7 @@ class Planner:
         return self._evaluate(cfg, derived, batch)[0]
 
     def _evaluate(self, cfg, derived, batch: int):
-        from .prediction.operators import group_placement
+        from .prediction.operators import tensor_parallel_placement
         from .prediction.predict import predict
         from .result import mfu_peak
         pred = predict(cfg, derived, self.profile, timeline_events=False)  # a row reads no event
@@ -511,7 +511,7 @@ class Planner:
             dominant=dominant(est), seconds_per_batch=per_batch, run_seconds=run,
             gpu_hours=None if run is None else run * p.world_size / 3600.0,
             batch_difference=t.train_batch_size - batch, breakdown=dict(est.breakdown),
-            tp_across_nodes=group_placement(p.model_parallel_size, 1, p.gpus_per_node)[0] > 1), est
+            tp_across_nodes=tensor_parallel_placement(p.model_parallel_size, p.gpus_per_node)[0] > 1), est
 
     # -- the whole plan -----------------------------------------------------------------------
 

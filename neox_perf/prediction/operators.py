@@ -159,6 +159,13 @@ def group_placement(size: int, stride: int, gpus_per_node: int,
     return worst
 
 
+def tensor_parallel_placement(mp: int, gpus_per_node: int) -> Tuple[int, int]:
+    """(nodes, per node) of one tensor-parallel group: its ranks are adjacent (the innermost axis
+    of DeepSpeed's grid). The decomposition prices its all-reduces on it, check warns where it
+    spans nodes (advice.tensor_parallel_verdicts) and plan marks those layouts: one placement."""
+    return group_placement(mp, 1, gpus_per_node)
+
+
 def p2p_placement(boundary: int, stage_ranks: int, gpus_per_node: int) -> Tuple[int, int]:
     """(nodes, per node) of the sends between stage ``boundary`` and the next: each rank of the
     stage sends to the rank ``stage_ranks`` after it (pipe is the outermost axis). The pairs run
@@ -365,7 +372,7 @@ def decompose(cfg: NeoxConfig, padded_vocab: int, stages: Sequence[StageShape],
     b, l, d = tr.micro_batch_size, m.seq_length, m.hidden_size
     tokens, vocab = b * l, padded_vocab // mp
     notes: List[str] = []
-    mp_group = group_placement(mp, 1, gpn)
+    mp_group = tensor_parallel_placement(mp, gpn)
     dp_group = group_placement(dp, mp, gpn)
     layer_fwd, layer_bwd = _layer_calls(cfg, dt, mp_group, notes, run_precision)
     recompute = tr.checkpoint_activations
