@@ -22,6 +22,13 @@ Neither source states the micro-batch: each run is predicted at every candidate 
 memory (`MICRO_BATCHES`), and the summary takes micro-batch 1 (the only one every run fits at)
 with the candidates' range beside it.
 
+Both engines gave every pipeline stage layers / pp transformer layers (Megatron-LM requires the
+division; Megatron-DeepSpeed's GPTModelPipe partitions 'type:transformer' over a layer list
+whose transposes are lambdas). NeoX's own layer list under its default 'type:transformer' also
+weighs its _pre/_post_transformer_block functions, which splits 105 layers on 35 stages as
+3, 4, 3, ..., 2: that is another job than the one timed, so each config names the layer class
+(`devset.MEGATRON_PARTITION`, the partition benchmarks/endtoend.py's Megatron-DeepSpeed runs use).
+
     python benchmarks/published_runs.py [--cluster dgx-a100] [--json] [--write DIR]
 
 --write DIR also writes each run's config at micro-batch 1 (DIR/<run>.yml), to check or plan it.
@@ -100,6 +107,7 @@ RUNS: Tuple[Run, ...] = tuple(
 
 def neox_config(run: Run, micro: int) -> Optional[dict]:
     """The run as a GPT-NeoX config at this micro-batch (None: the batch does not divide)."""
+    from neox_perf.predictors.fitting.devset import MEGATRON_PARTITION
     if run.batch % (run.dp * micro):
         return None
     return {"pipe_parallel_size": run.pp, "model_parallel_size": run.tp, "num_layers": run.layers,
@@ -110,7 +118,8 @@ def neox_config(run: Run, micro: int) -> Optional[dict]:
             "zero_optimization": {"stage": run.zero},
             "train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": run.batch // (run.dp * micro),
             "checkpoint_activations": True, "checkpoint_num_layers": 1,
-            "fp16": {"enabled": True}, "train_iters": 100}
+            "fp16": {"enabled": True}, "train_iters": 100,
+            "pipe_partition_method": MEGATRON_PARTITION}  # layers / pp a stage, as both engines ran
 
 
 def check(config: dict, gpus: int, cluster: str, tmp: Path) -> dict:

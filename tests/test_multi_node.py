@@ -173,6 +173,27 @@ def test_the_bloom_layout_search_reads_as_neox_configs():
         assert (cfg.model.pos_emb, cfg.training.precision) == ("alibi", "bfloat16" if r.precision == "bf16" else "fp16")
 
 
+def test_bloom_rows_run_with_the_partition_their_notes_state():
+    """From 2022-02-27 BigScience partitioned with 'type:transformer|embedding': each tied
+    embedding is one unit beside the layers, (layers + 2) / pp units a stage, so stage 0 holds
+    one layer fewer than a split of the layers alone gives it (176B: 70 layers on 12 stages)."""
+    try:
+        runs = devset.load_bloom()
+    except FileNotFoundError:
+        pytest.skip("../shared/data/bloom-jean-zay is not present")
+    embedded = [r for r in runs if r.partition == devset.EMBEDDING_PARTITION]
+    assert len(embedded) == 22 and {r.date for r in embedded} == {"2022-02-27", "2022-02-28"}
+    assert all(r.partition == devset.MEGATRON_PARTITION for r in runs if r.date < "2022-02-27")
+    for r in embedded:
+        _, derived = devset.build_bloom_config(r, 8)
+        layers = [s.transformer_layers for s in derived.stages]
+        units = (r.layers + 2) // r.pp
+        assert layers[0] == layers[-1] == units - 1 and max(layers) == units, (r.row_id, layers)
+    row = next(r for r in embedded if r.layers == 70 and r.pp == 12)
+    _, as_layers_alone = devset.build_bloom_config(dataclasses.replace(row, partition=devset.MEGATRON_PARTITION), 8)
+    assert [s.transformer_layers for s in as_layers_alone.stages][0] == 6
+
+
 JEAN_ZAY = REPO / "benchmarks" / "clusters"
 
 

@@ -76,7 +76,7 @@ class DeviceFit:
 
 
 # python benchmarks/memory_bloom.py (all 60 nvidia-smi peaks, GB read as GiB)
-FITTED = DeviceFit(nccl_per_communicator=1_002_000_000, reserve_fraction=0.157).bounded()
+FITTED = DeviceFit(nccl_per_communicator=1_476_000_000, reserve_fraction=0.079).bounded()
 
 SOURCES = {
     "allocator reserve": "PyTorch caching allocator: 1 MiB rounding per live tensor "

@@ -33,6 +33,11 @@ MEGATRON_DROPOUT = 0.1
 # alone, which a regex on the layer class reproduces (N=12, pp=4: [3,3,3,3], not NeoX's
 # [3,4,3,2]; pp=2 splits agree).
 MEGATRON_PARTITION = "type:ParallelTransformerLayerPipe"
+# Megatron-DeepSpeed's --pp-partition-method 'type:transformer|embedding' (written for BLOOM:
+# bigscience-workshop/bigscience, train/tr11-176B-ml/chronicles-prequel.md, "Rebalancing
+# layers"): the tied embedding at either end counts as one unit beside the transformer layers,
+# so (layers + 2) / pp units per stage. The same regex on NeoX's layer list.
+EMBEDDING_PARTITION = "type:ParallelTransformerLayerPipe|EmbeddingPipe"
 
 # Megatron-DeepSpeed's pipeline stages pass the hidden states alone (the mask stays in its args),
 # where NeoX's pass (hidden, mask): see operators.decompose
@@ -207,7 +212,8 @@ BLOOM_ASSUMPTIONS = ("BLOOM architecture in NeoX terms: ALiBi positions, LayerNo
                      "left out); fp16 unless the row says bf16; bf16 rows run DeepSpeed's "
                      "BF16_Optimizer (grad_accum_dtype fp32); activation checkpointing; dropout at "
                      "Megatron's default; stages split the transformer layers evenly "
-                     "(GPTModelPipe's partition); the stage hidden states alone cross a stage "
+                     "(GPTModelPipe's partition), and the embeddings with them where the row "
+                     "says 'type:transformer|embed'; the stage hidden states alone cross a stage "
                      "boundary (no mask)")
 
 
@@ -225,6 +231,7 @@ class BloomRun(Run):
     row_id: str = ""
     date: str = ""  # the day the row was timed: Jean Zay's speed varied from day to day
     section: str = ""  # the chronicle's section (one table compared under one condition)
+    partition: str = MEGATRON_PARTITION  # the run's pipe partition method, in NeoX's layer names
 
     def __str__(self) -> str:
         return (f"{self.model}B h{self.hidden} L{self.layers} a{self.heads} tp{self.tp} dp{self.dp} "
@@ -245,6 +252,7 @@ class BloomRun(Run):
             **({"data_types": {"grad_accum_dtype": "fp32"}} if bf16 else {}),
             "apply_query_key_layer_scaling": False,
             "tokenizer_type": "HFTokenizer",
+            "pipe_partition_method": self.partition,
         })
         return values
 
@@ -271,7 +279,7 @@ def load_bloom(path: Optional[Path] = None, *, timed_only: bool = False) -> List
                 zero_stage=1 if row["zero_stage"].strip() != "0" else 0,
                 peak_mem_gb=float(row["peak_mem_gb"]) if row["peak_mem_gb"].strip() else None,
                 oom=oom, row_id=row["id"], date=_field(notes, "date "),
-                section=_section(notes))
+                section=_section(notes), partition=_partition(notes))
             if run.tp * run.dp * run.pp != run.gpus or run.global_batch % (run.dp * run.micro_batch):
                 raise ValueError(f"{path}: inconsistent row {row['id']}")
             if timed_only and (oom or seconds <= 0):
@@ -286,6 +294,13 @@ def _field(notes: str, prefix: str) -> str:
         if part.startswith(prefix):
             return part[len(prefix):].strip()
     return ""
+
+
+def _partition(notes: str) -> str:
+    """The pipe partition a row's notes state ("partition_method 'type:transformer|embed'",
+    "partition 'type:transformer|embedding'": the chronicle's tables from 2022-02-27 on), else
+    GPTModelPipe's default."""
+    return EMBEDDING_PARTITION if "'type:transformer|embed" in notes else MEGATRON_PARTITION
 
 
 def _section(notes: str) -> str:
