@@ -81,9 +81,10 @@ def sigkill_once():
     return kill
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def benchmark_script():
-    """A script of benchmarks/ loaded as a module (they are scripts, not a package)."""
+    """A script of benchmarks/ loaded as a module (they are scripts, not a package); each call
+    loads it afresh. Session-wide, so module-wide fixtures load through it too."""
     import importlib.util
 
     def load(name: str):

@@ -6,24 +6,13 @@ import pytest
 
 
 @pytest.fixture(scope="module")
-def bloom(benchmark_script_module):
-    mod = benchmark_script_module
+def bloom(benchmark_script):
+    mod = benchmark_script("memory_bloom")
     try:
         runs = mod.devset.load_bloom()
     except FileNotFoundError:
         pytest.skip("../shared/data/bloom-jean-zay is not present")
     return mod, [mod.Row(r, mod.GIB) for r in runs if r.peak_mem_gb is not None or r.oom]
-
-
-@pytest.fixture(scope="module")
-def benchmark_script_module():
-    import importlib.util
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "memory_bloom.py"
-    spec = importlib.util.spec_from_file_location("memory_bloom", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_the_bundled_fit_is_the_fit_on_every_peak(bloom):

@@ -35,13 +35,10 @@ def test_without_a_gpu_the_real_check_refuses_in_one_line(gpu_check, tmp_path, c
     assert len(err.splitlines()) == 1 and "CUDA GPU" in err and "--dry-run" in err
 
 
-def test_the_default_configs_are_one_gpu_neox_configs_the_workload_runs():
+def test_the_default_configs_are_one_gpu_neox_configs_the_workload_runs(gpu_check):
     from neox_perf.commands.validate import predict
     from neox_perf.prediction.predict import load_cluster
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("gc", REPO / "benchmarks" / "gpu_check.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = gpu_check
     assert 2 <= len(mod.CONFIGS) <= 3
     profile = load_cluster("perlmutter-a100-80gb")
     layouts = set()
