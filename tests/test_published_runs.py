@@ -53,22 +53,18 @@ def test_each_stage_holds_layers_over_pp_as_both_engines_ran(published):
     # NeoX's default 'type:transformer' also weighs its _pre/_post_transformer_block functions and
     # splits MT-NLG's 105 layers on 35 stages as 3, 4, 3, ..., 2: the configs name the layer class
     from neox_perf.predictors.fitting import devset
-    from neox_perf.config import WorldRequest, build
-    from neox_perf.config.loader import RawConfig
-    from neox_perf.derive import derive
+
+    def stages(values, run):  # raises where NeoX would refuse the config
+        _, derived = devset.build_values(values, run.gpus, 8, "published run", run.name, 50257)
+        return [s.transformer_layers for s in derived.stages]
+
     for name in ("MT-NLG 530B, 280 nodes", "Megatron-LM 1008B"):
         run = next(r for r in published.RUNS if r.name == name)
         values = published.neox_config(run, 1)
-        raw = RawConfig(values=values, sources={k: "<test>" for k in values}, files=["<test>"])
-        cfg, verdicts, _ = build(raw, WorldRequest(gpus=run.gpus, gpus_per_node=8))
-        assert not [v for v in verdicts if v.level == "error"]
-        stages = [s.transformer_layers for s in derive(cfg, 50257).stages]
-        assert stages == [run.layers // run.pp] * run.pp, (name, stages)
+        assert stages(values, run) == [run.layers // run.pp] * run.pp, name
         # what NeoX's default would have built instead: one stage a layer heavier
-        raw = RawConfig(values={**values, "pipe_partition_method": "type:transformer"},
-                        sources={k: "<test>" for k in values}, files=["<test>"])
-        cfg, _, _ = build(raw, WorldRequest(gpus=run.gpus, gpus_per_node=8))
-        assert max(s.transformer_layers for s in derive(cfg, 50257).stages) == run.layers // run.pp + 1
+        default = stages({**values, "pipe_partition_method": "type:transformer"}, run)
+        assert max(default) == run.layers // run.pp + 1
     assert published.neox_config(published.RUNS[0], 1)["pipe_partition_method"] == devset.MEGATRON_PARTITION
 
 

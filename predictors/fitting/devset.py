@@ -184,12 +184,17 @@ def build_config(run: Run, gpus_per_node: int):
 
 
 def _built(run: Run, gpus_per_node: int, source: str, label: str, vocab: int):
+    return build_values(run.neox_values(), run.gpus, gpus_per_node, source, label, vocab)
+
+
+def build_values(values: dict, gpus: int, gpus_per_node: int, source: str, label: str, vocab: int):
+    """(NeoxConfig, DerivedModel) of NeoX config values, through the same path as a user's YAML;
+    ValueError naming `source` and `label` where NeoX would refuse them."""
     from neox_perf.config import WorldRequest, build
     from neox_perf.config.loader import RawConfig
     from neox_perf.derive import derive
-    values = run.neox_values()
     raw = RawConfig(values=values, sources={k: f"<{source}>" for k in values}, files=[f"<{source}>"])
-    cfg, verdicts, _ = build(raw, WorldRequest(gpus=run.gpus, gpus_per_node=gpus_per_node))
+    cfg, verdicts, _ = build(raw, WorldRequest(gpus=gpus, gpus_per_node=gpus_per_node))
     errors = [v for v in verdicts if v.level == "error"]
     if errors:
         raise ValueError(f"{source} {label}: {errors[0].message}")
