@@ -2,22 +2,23 @@
 once the terms a cluster could not see are set apart.
 
 Leave-one-cluster-out (benchmarks/endtoend.py) predicts vTrain's single-node runs with the
-terms fitted on Jean Zay's BLOOM layout search at about 17% MAPE, -1% signed: tp 1 well under,
-tp 4-8 well over. This asks why, term by term:
+terms fitted on Jean Zay's BLOOM layout search at about 12% MAPE, -10% signed (stop 54; 17%
+before the host's cost per call had its measured prior and the tensor-parallel wait was
+retired). This asks why, term by term:
 1. per term, the runs' share of what each fit knows about it (step_fit.runs_share: 1 - its
    variance under runs and prior / under the prior alone, at the fitted terms); a term with a
-   share near 0 came back at its prior's neutral value, not from the cluster;
+   share near 0 came back at its prior's centre (step_fit.PRIOR_CENTER), not from the cluster;
 2. vTrain's single-node runs, by tensor-parallel width, under Jean Zay's terms: as fitted; with
    the terms Jean Zay's runs cannot see (share under 0.5) taken from vTrain's shipped fit -- a
    diagnosis, not a transfer: those values are vTrain's own -- and with each remaining Jean Zay
    term set back to neutral on top;
 3. what each term Jean Zay's runs do identify buys Jean Zay itself (in-sample, set to neutral);
 4. per cluster and tensor-parallel width, what a rank does between two all-reduces of a layer's
-   forward (its operators' issued time over the all-reduces) and how large they are: where a
-   fixed wait per all-reduce was fitted, and where it is carried (estimate's mp_factor bounds
-   the waits of a run of calls by that work).
+   forward (its operators' issued time over the all-reduces) and how large they are: why a
+   fixed wait per all-reduce fitted on 180B layers (tp_sync_s, retired at stop 54) did not
+   carry to small ones.
 
-    python benchmarks/identified_terms.py      # about 8 minutes on a quiet 2-core machine
+    python benchmarks/identified_terms.py      # 2-8 minutes on a quiet 2-core machine
 """
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """The corrections package: one profile's corrections read once (Corrections), and a collective
 the engine's own run measured taking that price and no step term -- the run already had what the
 step terms correct (corrections/__init__.py, order 5)."""
-import math
 from dataclasses import replace
 
 import pytest
@@ -79,9 +78,10 @@ def test_a_collective_is_the_engines_measurement_only_for_the_group_it_measured(
 def test_a_measured_collective_takes_no_step_term_and_a_priced_one_does(write_yaml):
     profile = _WithEngine(load_profile("perlmutter-a100-80gb"), ENGINE)
     engine = Corrections.of(profile, _decomp(write_yaml, "fp32")).engine
-    wait = 0.5  # a tensor-parallel barrier no real run has: it shows wherever it applies
-    cache = _Cache(profile, engine, StepTerms(tp_sync_s=wait))
+    wait = 0.5  # a pipeline handshake no real run has: it shows wherever it applies
+    cache = _Cache(profile, engine, StepTerms(p2p_s=wait, dp_fabric_per_doubling=3.0))
     assert cache.time(_call("mp_allreduce")) == pytest.approx(1e-4 + 1e-9 * 2e6)
-    across = _call("mp_allreduce", nodes=2, gpus_per_node=1)
-    bare = _Cache(profile, engine, StepTerms()).time(across)
-    assert cache.time(across) == pytest.approx(bare + wait * math.log2(2))
+    assert cache.time(_call("dp_allreduce")) == pytest.approx(1e-3 + 4e-3 / 9e6 * 1e6)
+    send = _call("pp_p2p")  # no engine run measures a pipeline send: priced, then the term
+    bare = _Cache(profile, engine, StepTerms()).time(send)
+    assert cache.time(send) == pytest.approx(bare + wait)

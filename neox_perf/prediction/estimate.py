@@ -116,9 +116,6 @@ class _Cache:
         self.coverage: Dict[str, Any] = {}  # "op phase" -> its least-covered shape
         # per collective purpose, where its prices came from (neox_perf.prediction.collective_sources)
         self.sources: Dict[str, set] = {}
-        # per tensor-parallel all-reduce (memo key): the seconds of it that are the step
-        # terms' wait for the slowest rank
-        self.waits: Dict[tuple, float] = {}
 
     def time(self, call) -> float:
         key = self.key(call)
@@ -144,10 +141,6 @@ class _Cache:
             source = getattr(pred, "source", "") or ""
             self.memo[key] = self.terms.collective(call.purpose, call.nodes * call.gpus_per_node,
                                                    float(pred.seconds), call.nodes, source)
-            if call.purpose == "mp_allreduce":
-                # the step terms' wait for the slowest rank in it (tp_sync_s), bounded per
-                # run of calls by mp_factor
-                self.waits[key] = max(0.0, self.memo[key] - float(pred.seconds))
             if source:
                 self.sources.setdefault(call.purpose, set()).add(source)
             if (call.purpose in DATA_PARALLEL and call.nodes > FABRIC_NODES_FITTED
@@ -207,32 +200,10 @@ class _Cache:
 
     def priced(self, calls, which=None) -> List[Tuple[object, float]]:
         """(call, its seconds times its count) for each call of one run of calls that ``which``
-        accepts (default every one), its tensor-parallel all-reduces bounded as a run
-        (mp_factor, over the whole run): what every sum over a run of calls adds. A caller
-        that sums a part of the run says which, so the rest is not priced for nothing (total
-        and comm run per stage and phase, for every layout the planner times)."""
-        factor = self.mp_factor(calls)
-        return [(c, self.time(c) * c.count
-                 * (factor if not isinstance(c, OpCall) and c.purpose == "mp_allreduce" else 1.0))
-                for c in calls if which is None or which(c)]
-
-    def mp_factor(self, calls) -> float:
-        """What the tensor-parallel all-reduces of one run of calls keep of their priced
-        seconds (1, unless their waits are bounded). A wait for the slowest rank is the ranks'
-        drift since they last met, which cannot exceed the time they then ran: the waits of a
-        run of calls add to at most its operators' issued time. A wait fitted on large
-        layers (StepTerms.tp_sync_s: Jean Zay's 180B models, 5-23 ms of work between two
-        all-reduces) stays a fixed cost there, and does not outgrow the 0.1-0.7 ms a small
-        model's ranks run between two (docs/cross-cluster.md)."""
-        if self.terms.tp_sync_s <= 0:
-            return 1.0
-        mp = [c for c in calls if not isinstance(c, OpCall) and c.purpose == "mp_allreduce"]
-        if not mp:
-            return 1.0
-        priced = sum(self.time(c) * c.count for c in mp)
-        waits = sum(self.waits.get(self.key(c), 0.0) * c.count for c in mp)
-        excess = waits - self.operators(calls)
-        return 1.0 - excess / priced if excess > 0 and priced > 0 else 1.0
+        accepts (default every one). A caller that sums a part of the run says which, so the
+        rest is not priced for nothing (total and comm run per stage and phase, for every
+        layout the planner times)."""
+        return [(c, self.time(c) * c.count) for c in calls if which is None or which(c)]
 
     def _device_and_launches(self, calls) -> Tuple[float, float]:
         ops = [c for c in calls if isinstance(c, OpCall)]

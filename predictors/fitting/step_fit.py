@@ -32,10 +32,10 @@ from .. import achievable
 # its own samples -- the direction that under-provisions. The upper bounds keep a degenerate
 # fold in check.
 BOUNDS = {"compute_scale": (1.0, 2.0), "memory_scale": (1.0, 3.0), "dispatch_s": (0.0, 5e-4),
-          "tp_sync_s": (0.0, 2e-3), "p2p_s": (0.0, 2e-2), "micro_batch_s": (0.0, 0.05),
+          "p2p_s": (0.0, 2e-2), "micro_batch_s": (0.0, 0.05),
           "pipeline_micro_batch_s": (0.0, 0.05),
           "step_s": (0.0, 0.5), "queue_coupling": (0.0, 1.0), "dp_fabric_per_doubling": (0.0, 3.0)}
-_STEP = {"compute_scale": 0.01, "memory_scale": 0.01, "dispatch_s": 1e-6, "tp_sync_s": 1e-6,
+_STEP = {"compute_scale": 0.01, "memory_scale": 0.01, "dispatch_s": 1e-6,
          "p2p_s": 1e-5, "micro_batch_s": 1e-5, "pipeline_micro_batch_s": 1e-5, "step_s": 1e-5,
          "queue_coupling": 0.01, "dp_fabric_per_doubling": 0.01}
 
@@ -101,26 +101,36 @@ ROBUST_SCALE = 0.05
 # set of runs that cannot tell two terms apart (a hundred layouts of one 180B model class:
 # BLOOM's layout search) would otherwise put the whole difference on whichever term bends
 # furthest -- a memory-bound scale of 1.9 that then predicts small models 65% slow. Each
-# term's deviation from its neutral value (StepTerms()) by PRIOR_SD costs what one run off by
+# term's deviation from its centre (PRIOR_CENTER, below) by PRIOR_SD costs what one run off by
 # ROBUST_SCALE does: little against the 1,486 vTrain runs (no term of their fit moved by more
-# than 3.5%: p2p 0.284 -> 0.274 ms), decisive where the runs say nothing. Magnitudes: an operator's in-situ slowdown of 10% (compute) or
-# 20% (memory-bound); a launch's host cost of 20 us (CUDA launch latency is 5-10 us, a framework
-# call several); a collective's barrier 0.1 ms; a pipeline handshake or a micro-batch's engine
+# than 3.5%: p2p 0.284 -> 0.274 ms), decisive where the runs say nothing. Magnitudes: an
+# operator's in-situ slowdown of 10% (compute) or 20% (memory-bound); a framework call's host
+# cost within 20 us of its measured value (below); a pipeline handshake or a micro-batch's engine
 # work 1-2 ms; a step's bookkeeping 20 ms; a queue coupling of 0.2. Nothing before a run says
 # how much a loaded fabric loses against a link model: its prior spans the term's whole bound
 # (sd 2 doublings' time; at 0.5 the 175B runs alone, which spend little of their step in the
 # data-parallel all-reduce, could not hold it up, and the cross-validation of the 3.6B model
 # went from 5.20% to 6.82%).
-PRIOR_SD = {"compute_scale": 0.1, "memory_scale": 0.2, "dispatch_s": 2e-5, "tp_sync_s": 1e-4,
+# Where each prior is centred: every term at its neutral value (StepTerms(): no cost, no
+# slowdown) but the host's time per framework call, which is never 0. It is measured, with no
+# GPU run, on GPT-NeoX's own train.py at a size where every kernel takes microseconds:
+# `python benchmarks/host_cost.py --rounds 6` (2026-12-04, load average 0.9): 57.8 us a call,
+# the median of six rounds (51.7 .. 86.9), from 2.5 ms a checkpointed layer of 44 calls. A GPU
+# host adds a CUDA launch per kernel and runs another CPU, so PRIOR_SD's 20 us stays the width.
+# A cluster whose runs see the host (vTrain's small models: 78 us) moves it; one that cannot
+# (Jean Zay's 180B models) keeps this measurement instead of a host that costs nothing.
+HOST_CALL_S = 5.78e-5
+PRIOR_CENTER = StepTerms(dispatch_s=HOST_CALL_S)
+PRIOR_SD = {"compute_scale": 0.1, "memory_scale": 0.2, "dispatch_s": 2e-5,
             "p2p_s": 1e-3, "micro_batch_s": 2e-3, "pipeline_micro_batch_s": 2e-3, "step_s": 2e-2,
             "queue_coupling": 0.2, "dp_fabric_per_doubling": 2.0}
 PRIOR_RUNS = 1.0
 
 
 def _prior_rows(names: Sequence[str]) -> Tuple[np.ndarray, np.ndarray]:
-    """One row per term: its deviation from its neutral value in units of PRIOR_SD, weighted
-    as PRIOR_RUNS runs."""
-    center = StepTerms()
+    """One row per term: its deviation from its prior's centre (PRIOR_CENTER) in units of
+    PRIOR_SD, weighted as PRIOR_RUNS runs."""
+    center = PRIOR_CENTER
     scale = np.sqrt(PRIOR_RUNS) * ROBUST_SCALE
     A = np.diag([scale / PRIOR_SD[n] for n in names])
     b = np.array([scale * getattr(center, n) / PRIOR_SD[n] for n in names])
@@ -140,7 +150,7 @@ def runs_share(F: np.ndarray, measured: np.ndarray, names: Sequence[str] = FITTE
     alone, both from the loss solve() minimises near its minimum (the quadratic part of the
     soft-L1 loss, every run at full weight; collinear terms share what the runs say about
     them). Near 1: the runs pin the term. Near 0: the runs cannot see it, and the fit returns
-    its prior's neutral value -- not a measurement of the cluster, which a cluster whose runs
+    its prior's centre (PRIOR_CENTER) -- not a measurement of the cluster, which a cluster whose runs
     do see the term will contradict (e.g. a per-launch host cost the BLOOM layout search's
     180B models, never host-bound, cannot show). ``F``: linearise()'s, at the fitted terms."""
     variance, prior_precision = _posterior_variance(F, measured, names)

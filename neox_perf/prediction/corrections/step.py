@@ -22,8 +22,13 @@ from ..collective_sources import LINK_MODEL
 # Operators whose time is set by arithmetic throughput; the rest are memory-bound.
 COMPUTE_BOUND = frozenset({"linear1", "linear2", "linear3", "linear4", "linear_final", "qk", "av",
                            "flash_attention"})
-FITTED = ("compute_scale", "memory_scale", "dispatch_s", "tp_sync_s", "p2p_s", "micro_batch_s",
+FITTED = ("compute_scale", "memory_scale", "dispatch_s", "p2p_s", "micro_batch_s",
           "pipeline_micro_batch_s", "step_s", "queue_coupling", "dp_fabric_per_doubling")
+# terms no longer priced, as stored sections may still name them: at 0 they read as absent; a
+# section that gives one a value was fitted with it, and its other terms carry what it did not
+RETIRED = {"tp_sync_s": "a fixed wait per tensor-parallel all-reduce, retired 2026-12-04: fitted "
+                        "on Jean Zay it put vTrain's small tensor-parallel runs up to 67% over "
+                        "once the host's cost per call had its measured value (docs/cross-cluster.md)"}
 # the collectives of data parallelism: the whole job's gradient all-reduce after backward and
 # ZeRO's parameter all-gather after the step
 DATA_PARALLEL = frozenset({"dp_allreduce", "dp_allgather"})
@@ -46,9 +51,6 @@ class StepTerms:
     # host time to issue one framework call. The host runs ahead of the GPU, so a layer's
     # forward, backward or recompute takes the longer of its GPU time and its issue time (issued())
     dispatch_s: float = 0.0
-    # a tensor-parallel all-reduce waits for its slowest rank: seconds per doubling of the group.
-    # A run of calls' waits add to at most its operators' time (estimate._Cache.mp_factor)
-    tp_sync_s: float = 0.0
     p2p_s: float = 0.0  # per pipeline send: the blocking handshake beyond the transfer itself
     micro_batch_s: float = 0.0  # per micro-batch per stage: data, loss scaling, engine calls
     # per micro-batch per stage under DeepSpeed's PipelineEngine: its instruction interpreter
@@ -125,8 +127,6 @@ class StepTerms:
             if source != LINK_MODEL:
                 return seconds
             return seconds * (1.0 + self.dp_fabric_per_doubling * math.log2(fabric_nodes(nodes)))
-        if purpose == "mp_allreduce":
-            return seconds + self.tp_sync_s * math.log2(max(ranks, 2))
         if purpose == "pp_p2p":
             return seconds + self.p2p_s
         return seconds
@@ -136,7 +136,10 @@ class StepTerms:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "StepTerms":
-        unknown = set(data) - set(FITTED)
+        unknown = set(data) - set(FITTED) - set(RETIRED)
         if unknown:
             raise ValueError(f"unknown step terms {', '.join(sorted(unknown))}")
-        return cls(**{k: float(v) for k, v in data.items()})
+        for name, why in RETIRED.items():
+            if name in data and float(data[name]) != 0.0:
+                raise ValueError(f"step term {name} is no longer priced ({why})")
+        return cls(**{k: float(v) for k, v in data.items() if k in FITTED})

@@ -1,0 +1,103 @@
+"""The host's time to issue one framework call of a transformer layer, measured on GPT-NeoX's own
+training program with no GPU: what `StepTerms.dispatch_s` is, physically, before any GPU run.
+
+A cluster of large models never runs host-bound, so its runs cannot show this cost (Jean Zay's
+fit hands back its prior: docs/cross-cluster.md). This benchmark measures it where nothing
+hides it: NeoX's unmodified `train.py` on this CPU (neox_perf/testing/neox_cpu.py), at a size
+where every kernel is a few microseconds (hidden 64, sequence 32, micro-batch 1), with
+activation checkpointing and dropout as the development set's Megatron-DeepSpeed runs had.
+Two depths, launched in turn (2 and 10 layers, the order alternating per round): what the eight
+extra layers add to the median iteration is the host's time for their forward, recompute and
+backward, and neox-perf's own decomposition of the same config says how many framework calls
+that is. Per round:
+
+    host seconds per call = (median iteration at 10 layers - at 2) / 8 / calls per layer
+
+The result is a prior, not a fit: a GPU host issues the same Python and the same dispatcher
+calls, plus a CUDA launch per kernel (a few microseconds), on another CPU.
+
+    python benchmarks/host_cost.py [--rounds 4] [--json]
+
+Needs NEOX_PERF_NEOX_SRC (and NEOX_PERF_NEOX_PYTHON); measure on a quiet machine.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from neox_perf.testing import neox_cpu  # noqa: E402
+
+DEPTHS = (2, 10)
+# the development set's runs (vTrain: Megatron-DeepSpeed's defaults) had dropout 0.1 and
+# activation checkpointing; NeoX's CPU layouts default to no dropout
+EXTRA = {"hidden_dropout": 0.1, "attention_dropout": 0.1}
+WARMUP = 10  # iterations left out of each median
+
+
+def layout(layers: int) -> "neox_cpu.Layout":
+    return neox_cpu.Layout(f"host-cost-{layers}", gpus=1, pp=0, mp=1, checkpoint=True, micro=1,
+                           gas=1, layers=layers, hidden=64, heads=4, seq=32, iters=40,
+                           pos_emb="learned", tied=True, extra=dict(EXTRA))
+
+
+def calls_per_layer(lay) -> int:
+    """Framework calls one layer issues per micro-batch, as the prediction counts them
+    (operators.OpCall.launches): forward, its recompute under checkpointing, backward."""
+    from neox_perf.prediction.operators import decompose, stage_shapes
+    from neox_perf.predictors.fitting import devset
+    values = neox_cpu.config_values(lay, "unused")
+    cfg, derived = devset.build_values(values, lay.gpus, lay.gpus, "host-cost layout", lay.name, 256)
+    stage = decompose(cfg, derived.padded_vocab, stage_shapes(derived)).stages[0]
+    fwd = sum(c.launches * c.count for c in stage.layer_forward if hasattr(c, "launches"))
+    bwd = sum(c.launches * c.count for c in stage.layer_backward if hasattr(c, "launches"))
+    recompute = 1 if stage.recompute_layers else 0
+    return int(round(fwd * (1 + recompute) + bwd))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--work-dir", help="where NeoX's data, configs and logs go (default: a temp dir)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    try:
+        neox_cpu.neox_src()
+    except neox_cpu.NeoxUnavailable as exc:
+        print(f"host_cost: {exc}; nothing measured")
+        return 0
+    calls = calls_per_layer(layout(DEPTHS[0]))
+    work = args.work_dir or tempfile.mkdtemp(prefix="neox-perf-host-cost-")
+    rounds = []
+    for i in range(args.rounds):
+        medians = {}
+        for layers in (DEPTHS if i % 2 == 0 else DEPTHS[::-1]):
+            run = neox_cpu.run_layout(layout(layers), os.path.join(work, f"round{i}-L{layers}"))
+            medians[layers] = statistics.median(run.iteration_ms[WARMUP:]) / 1e3
+        per_layer = (medians[DEPTHS[1]] - medians[DEPTHS[0]]) / (DEPTHS[1] - DEPTHS[0])
+        rounds.append({"medians_s": medians, "per_layer_s": per_layer, "per_call_s": per_layer / calls})
+        print(f"round {i + 1}: median iteration {medians[DEPTHS[0]] * 1e3:.2f} ms at {DEPTHS[0]} layers, "
+              f"{medians[DEPTHS[1]] * 1e3:.2f} ms at {DEPTHS[1]}: {per_layer * 1e3:.3f} ms a layer, "
+              f"{per_layer / calls * 1e6:.1f} us a call", flush=True)
+    per_call = [r["per_call_s"] for r in rounds]
+    result = {"calls_per_layer": calls, "rounds": rounds, "median_per_call_s": statistics.median(per_call),
+              "min_per_call_s": min(per_call), "max_per_call_s": max(per_call),
+              "load_average": os.getloadavg()[0]}
+    print(f"{calls} framework calls a checkpointed layer (forward, recompute, backward); host time per "
+          f"call: median {result['median_per_call_s'] * 1e6:.1f} us over {len(per_call)} rounds "
+          f"({result['min_per_call_s'] * 1e6:.1f} .. {result['max_per_call_s'] * 1e6:.1f}); "
+          f"load average {result['load_average']:.2f}")
+    if args.json:
+        print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
