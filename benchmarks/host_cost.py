@@ -29,6 +29,7 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
+from typing import Optional
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -62,6 +63,29 @@ def calls_per_layer(lay) -> int:
     return int(round(fwd * (1 + recompute) + bwd))
 
 
+def measure(rounds: int, work_dir: Optional[str] = None) -> dict:
+    """Host seconds per framework call, per round and their median; NeoxUnavailable where no
+    GPT-NeoX checkout is set."""
+    neox_cpu.neox_src()
+    calls = calls_per_layer(layout(DEPTHS[0]))
+    work = work_dir or tempfile.mkdtemp(prefix="neox-perf-host-cost-")
+    out = []
+    for i in range(rounds):
+        medians = {}
+        for layers in (DEPTHS if i % 2 == 0 else DEPTHS[::-1]):
+            run = neox_cpu.run_layout(layout(layers), os.path.join(work, f"round{i}-L{layers}"))
+            medians[layers] = statistics.median(run.iteration_ms[WARMUP:]) / 1e3
+        per_layer = (medians[DEPTHS[1]] - medians[DEPTHS[0]]) / (DEPTHS[1] - DEPTHS[0])
+        out.append({"medians_s": medians, "per_layer_s": per_layer, "per_call_s": per_layer / calls})
+        print(f"round {i + 1}: median iteration {medians[DEPTHS[0]] * 1e3:.2f} ms at {DEPTHS[0]} layers, "
+              f"{medians[DEPTHS[1]] * 1e3:.2f} ms at {DEPTHS[1]}: {per_layer * 1e3:.3f} ms a layer, "
+              f"{per_layer / calls * 1e6:.1f} us a call", flush=True)
+    per_call = [r["per_call_s"] for r in out]
+    return {"calls_per_layer": calls, "rounds": out, "median_per_call_s": statistics.median(per_call),
+            "min_per_call_s": min(per_call), "max_per_call_s": max(per_call),
+            "load_average": os.getloadavg()[0]}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=4)
@@ -69,31 +93,14 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     try:
-        neox_cpu.neox_src()
+        result = measure(args.rounds, args.work_dir)
     except neox_cpu.NeoxUnavailable as exc:
         print(f"host_cost: {exc}; nothing measured")
         return 0
-    calls = calls_per_layer(layout(DEPTHS[0]))
-    work = args.work_dir or tempfile.mkdtemp(prefix="neox-perf-host-cost-")
-    rounds = []
-    for i in range(args.rounds):
-        medians = {}
-        for layers in (DEPTHS if i % 2 == 0 else DEPTHS[::-1]):
-            run = neox_cpu.run_layout(layout(layers), os.path.join(work, f"round{i}-L{layers}"))
-            medians[layers] = statistics.median(run.iteration_ms[WARMUP:]) / 1e3
-        per_layer = (medians[DEPTHS[1]] - medians[DEPTHS[0]]) / (DEPTHS[1] - DEPTHS[0])
-        rounds.append({"medians_s": medians, "per_layer_s": per_layer, "per_call_s": per_layer / calls})
-        print(f"round {i + 1}: median iteration {medians[DEPTHS[0]] * 1e3:.2f} ms at {DEPTHS[0]} layers, "
-              f"{medians[DEPTHS[1]] * 1e3:.2f} ms at {DEPTHS[1]}: {per_layer * 1e3:.3f} ms a layer, "
-              f"{per_layer / calls * 1e6:.1f} us a call", flush=True)
-    per_call = [r["per_call_s"] for r in rounds]
-    result = {"calls_per_layer": calls, "rounds": rounds, "median_per_call_s": statistics.median(per_call),
-              "min_per_call_s": min(per_call), "max_per_call_s": max(per_call),
-              "load_average": os.getloadavg()[0]}
-    print(f"{calls} framework calls a checkpointed layer (forward, recompute, backward); host time per "
-          f"call: median {result['median_per_call_s'] * 1e6:.1f} us over {len(per_call)} rounds "
-          f"({result['min_per_call_s'] * 1e6:.1f} .. {result['max_per_call_s'] * 1e6:.1f}); "
-          f"load average {result['load_average']:.2f}")
+    print(f"{result['calls_per_layer']} framework calls a checkpointed layer (forward, recompute, "
+          f"backward); host time per call: median {result['median_per_call_s'] * 1e6:.1f} us over "
+          f"{len(result['rounds'])} rounds ({result['min_per_call_s'] * 1e6:.1f} .. "
+          f"{result['max_per_call_s'] * 1e6:.1f}); load average {result['load_average']:.2f}")
     if args.json:
         print(json.dumps(result))
     return 0

@@ -35,3 +35,9 @@ def test_the_prior_centre_is_the_measured_host_cost(host_cost):
     assert lo < 1e-5 < step_fit.HOST_CALL_S < 1e-4 < hi
     neutral = type(centre)()
     assert dataclasses.replace(centre, dispatch_s=neutral.dispatch_s) == neutral
+
+
+def test_without_gpt_neox_it_says_so_and_measures_nothing(host_cost, monkeypatch, capsys):
+    monkeypatch.setenv("NEOX_PERF_NEOX_SRC", "")
+    assert host_cost.main(["--rounds", "1"]) == 0
+    assert "nothing measured" in capsys.readouterr().out
