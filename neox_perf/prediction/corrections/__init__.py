@@ -11,8 +11,9 @@ apply them; Corrections carries one profile's, read once per estimate):
     5. collectives, by where their price came from (..collective_sources): the engine's own
        runs (Corrections.measured_collective) where a calibration measured them, taking no
        step term; else the profile's samples or its description's link model, then
-       StepTerms.collective: a pipeline handshake per send, and the data-parallel fabric term, which rides on link-model prices only, never
-       on sampled ones, and stops growing past the widest group it was fitted on;
+       StepTerms.collective: a pipeline handshake per send, and the data-parallel fabric
+       term, which rides on link-model prices only, never on sampled ones, and stops growing
+       past the widest group it was fitted on;
     6. the engine's residuals (engine.EngineTerms: layer, head and loss, tensor-parallel
        phases, gradient accumulation, the optimizer step, the gradient reduction), measured by
        `calibrate` under DeepSpeed on the machine itself;
