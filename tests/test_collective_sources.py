@@ -23,19 +23,19 @@ PINS = json.loads((Path(__file__).parent / "pins" / "da1378c_perlmutter_a100.jso
 
 def test_the_fabric_term_scales_link_model_prices_only():
     t = StepTerms(dp_fabric_per_doubling=0.5)
-    assert t.collective("dp_allreduce", 64, 0.1, 8, LINK_MODEL) == pytest.approx(0.1 * (1 + 0.5 * 3))
+    assert t.collective("dp_allreduce", 0.1, 8, LINK_MODEL) == pytest.approx(0.1 * (1 + 0.5 * 3))
     # the cluster's own samples already carry the fabric's loss under load
-    assert t.collective("dp_allreduce", 64, 0.1, 8, SAMPLED) == pytest.approx(0.1)
-    assert t.collective("dp_allgather", 64, 0.1, 8, SAMPLED) == pytest.approx(0.1)
-    assert t.collective("dp_allreduce", 64, 0.1, 8, "") == pytest.approx(0.1)  # unknown: as priced
+    assert t.collective("dp_allreduce", 0.1, 8, SAMPLED) == pytest.approx(0.1)
+    assert t.collective("dp_allgather", 0.1, 8, SAMPLED) == pytest.approx(0.1)
+    assert t.collective("dp_allreduce", 0.1, 8, "") == pytest.approx(0.1)  # unknown: as priced
 
 
 def test_the_fabric_term_stops_growing_past_the_widest_group_it_was_fitted_on():
     t = StepTerms(dp_fabric_per_doubling=0.5)
-    at_edge = t.collective("dp_allreduce", 8 * FABRIC_NODES_FITTED, 1.0, FABRIC_NODES_FITTED, LINK_MODEL)
+    at_edge = t.collective("dp_allreduce", 1.0, FABRIC_NODES_FITTED, LINK_MODEL)
     for nodes in (2 * FABRIC_NODES_FITTED, 64, 4096):
         assert fabric_nodes(nodes) == FABRIC_NODES_FITTED
-        assert t.collective("dp_allreduce", 8 * nodes, 1.0, nodes, LINK_MODEL) == pytest.approx(at_edge)
+        assert t.collective("dp_allreduce", 1.0, nodes, LINK_MODEL) == pytest.approx(at_edge)
 
 
 def _run(**kw):

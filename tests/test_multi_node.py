@@ -69,13 +69,13 @@ def test_the_multi_node_set_reads_with_its_models():
 def test_the_data_parallel_term_scales_only_data_parallel_collectives_across_nodes():
     t = StepTerms(dp_fabric_per_doubling=0.5, p2p_s=1e-4)
     link = dict(source=LINK_MODEL)  # the prices the term was fitted against (tests/test_collective_sources.py)
-    assert t.collective("dp_allreduce", 64, 0.1, nodes=8, **link) == pytest.approx(0.1 * (1 + 0.5 * 3))
-    assert t.collective("dp_allgather", 64, 0.1, nodes=8, **link) == pytest.approx(0.25)
-    assert t.collective("dp_allreduce", 16, 0.1, nodes=2, **link) == pytest.approx(0.15)  # one doubling
-    assert t.collective("dp_allreduce", 8, 0.1, nodes=1, **link) == pytest.approx(0.1)  # inside a node
+    assert t.collective("dp_allreduce", 0.1, nodes=8, **link) == pytest.approx(0.1 * (1 + 0.5 * 3))
+    assert t.collective("dp_allgather", 0.1, nodes=8, **link) == pytest.approx(0.25)
+    assert t.collective("dp_allreduce", 0.1, nodes=2, **link) == pytest.approx(0.15)  # one doubling
+    assert t.collective("dp_allreduce", 0.1, nodes=1, **link) == pytest.approx(0.1)  # inside a node
     # a tensor-parallel group across nodes is left as priced, a pipeline send takes its handshake
-    assert t.collective("mp_allreduce", 16, 0.1, nodes=2, **link) == pytest.approx(0.1)
-    assert t.collective("pp_p2p", 2, 0.1, nodes=2, **link) == pytest.approx(0.1 + 1e-4)
+    assert t.collective("mp_allreduce", 0.1, nodes=2, **link) == pytest.approx(0.1)
+    assert t.collective("pp_p2p", 0.1, nodes=2, **link) == pytest.approx(0.1 + 1e-4)
     with pytest.raises(ValueError):
         StepTerms(dp_fabric_per_doubling=-0.1)
 

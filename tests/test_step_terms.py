@@ -57,7 +57,7 @@ def test_operator_semantics():
     with pytest.raises(ValueError, match="queue_coupling"):
         StepTerms(queue_coupling=-0.1)
     # a tensor-parallel all-reduce is priced as sampled or linked: no step term rides on it
-    assert StepTerms(p2p_s=1e-3, dispatch_s=1e-5).collective("mp_allreduce", 8, 1e-4) == 1e-4
+    assert StepTerms(p2p_s=1e-3, dispatch_s=1e-5).collective("mp_allreduce", 1e-4) == 1e-4
 
 
 def test_a_retired_term_reads_as_absent_at_zero_and_refuses_a_value():

@@ -139,8 +139,7 @@ class _Cache:
             if pred.extrapolated:
                 self.extrapolated.add(key)
             source = getattr(pred, "source", "") or ""
-            self.memo[key] = self.terms.collective(call.purpose, call.nodes * call.gpus_per_node,
-                                                   float(pred.seconds), call.nodes, source)
+            self.memo[key] = self.terms.collective(call.purpose, float(pred.seconds), call.nodes, source)
             if source:
                 self.sources.setdefault(call.purpose, set()).add(source)
             if (call.purpose in DATA_PARALLEL and call.nodes > FABRIC_NODES_FITTED

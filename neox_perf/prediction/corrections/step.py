@@ -110,9 +110,8 @@ class StepTerms:
     def per_micro_batch(self, pipeline_engine: bool) -> float:
         return self.micro_batch_s + (self.pipeline_micro_batch_s if pipeline_engine else 0.0)
 
-    def collective(self, purpose: str, ranks: int, seconds: float, nodes: int = 1,
-                   source: str = "") -> float:
-        """In-situ seconds of a collective of `ranks` ranks over `nodes` nodes that the samples
+    def collective(self, purpose: str, seconds: float, nodes: int = 1, source: str = "") -> float:
+        """In-situ seconds of a collective over `nodes` nodes that the samples
         (or the link model) time at `seconds` in isolation. `source`: where that time comes from
         (neox_perf.prediction.collective_sources; "" where the profile does not say, priced as it is).
 
