@@ -52,15 +52,14 @@ def layout(layers: int) -> "neox_cpu.Layout":
 def calls_per_layer(lay) -> int:
     """Framework calls one layer issues per micro-batch, as the prediction counts them
     (operators.OpCall.launches): forward, its recompute under checkpointing, backward."""
-    from neox_perf.prediction.operators import decompose, stage_shapes
+    from neox_perf.prediction.operators import decompose, framework_calls, stage_shapes
     from neox_perf.predictors.fitting import devset
     values = neox_cpu.config_values(lay, "unused")
     cfg, derived = devset.build_values(values, lay.gpus, lay.gpus, "host-cost layout", lay.name, 256)
     stage = decompose(cfg, derived.padded_vocab, stage_shapes(derived)).stages[0]
-    fwd = sum(c.launches * c.count for c in stage.layer_forward if hasattr(c, "launches"))
-    bwd = sum(c.launches * c.count for c in stage.layer_backward if hasattr(c, "launches"))
     recompute = 1 if stage.recompute_layers else 0
-    return int(round(fwd * (1 + recompute) + bwd))
+    return int(round(framework_calls(stage.layer_forward) * (1 + recompute)
+                     + framework_calls(stage.layer_backward)))
 
 
 def measure(rounds: int, work_dir: Optional[str] = None) -> dict:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..errors import ProfileError
-from .operators import CommCall, Decomposition, OpCall, StageWork
+from .operators import CommCall, Decomposition, OpCall, StageWork, framework_calls
 from ..profile.protocol import Profile
 from .collective_sources import ENGINE_RUNS, LINK_MODEL
 from .corrections import (DATA_PARALLEL, FABRIC_NODES_FITTED, INSIDE_NODE, Corrections, EngineTerms,
@@ -205,8 +205,7 @@ class _Cache:
         return [(c, self.time(c) * c.count) for c in calls if which is None or which(c)]
 
     def _device_and_launches(self, calls) -> Tuple[float, float]:
-        ops = [c for c in calls if isinstance(c, OpCall)]
-        return sum(self.time(c) * c.count for c in ops), sum(c.launches * c.count for c in ops)
+        return sum(self.time(c) * c.count for c in calls if isinstance(c, OpCall)), framework_calls(calls)
 
     def operators(self, calls) -> float:
         """Seconds of the operators of one run of calls, issued by the host (StepTerms.issued)."""

@@ -58,6 +58,12 @@ class OpCall:
         return dict(self.features)
 
 
+def framework_calls(calls) -> float:
+    """Framework calls a run of calls issues, each costing the host StepTerms.dispatch_s: every
+    operator's launches times its count (collectives are not counted)."""
+    return sum(c.launches * c.count for c in calls if isinstance(c, OpCall))
+
+
 @dataclass(frozen=True)
 class CommCall:
     kind: str  # allreduce | allgather | p2p
