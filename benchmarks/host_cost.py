@@ -14,9 +14,11 @@ that is. Per round:
     host seconds per call = (median iteration at 10 layers - at 2) / 8 / calls per layer
 
 The result is a prior, not a fit: a GPU host issues the same Python and the same dispatcher
-calls, plus a CUDA launch per kernel (a few microseconds), on another CPU.
+calls, plus a CUDA launch per kernel (a few microseconds), on another CPU. At the prior's size
+the CPU's own kernels are part of the cost; `--size` shrinks the layers until only the host's
+path is left (the same calls a layer: tests/test_host_cost.py), which says how much.
 
-    python benchmarks/host_cost.py [--rounds 4] [--json]
+    python benchmarks/host_cost.py [--rounds 4] [--size 64,4,32] [--json]
 
 Needs NEOX_PERF_NEOX_SRC (and NEOX_PERF_NEOX_PYTHON); measure on a quiet machine.
 """
@@ -43,9 +45,13 @@ EXTRA = {"hidden_dropout": 0.1, "attention_dropout": 0.1}
 WARMUP = 10  # iterations left out of each median
 
 
-def layout(layers: int) -> "neox_cpu.Layout":
+SIZE = (64, 4, 32)  # hidden, heads, sequence: the prior's measurement (step_fit.HOST_CALL_S)
+
+
+def layout(layers: int, size=SIZE) -> "neox_cpu.Layout":
+    hidden, heads, seq = size
     return neox_cpu.Layout(f"host-cost-{layers}", gpus=1, pp=0, mp=1, checkpoint=True, micro=1,
-                           gas=1, layers=layers, hidden=64, heads=4, seq=32, iters=40,
+                           gas=1, layers=layers, hidden=hidden, heads=heads, seq=seq, iters=40,
                            pos_emb="learned", tied=True, extra=dict(EXTRA))
 
 
@@ -62,17 +68,17 @@ def calls_per_layer(lay) -> int:
                      + framework_calls(stage.layer_backward)))
 
 
-def measure(rounds: int, work_dir: Optional[str] = None) -> dict:
+def measure(rounds: int, work_dir: Optional[str] = None, size=SIZE) -> dict:
     """Host seconds per framework call, per round and their median; NeoxUnavailable where no
     GPT-NeoX checkout is set."""
     neox_cpu.neox_src()
-    calls = calls_per_layer(layout(DEPTHS[0]))
+    calls = calls_per_layer(layout(DEPTHS[0], size))
     work = work_dir or tempfile.mkdtemp(prefix="neox-perf-host-cost-")
     out = []
     for i in range(rounds):
         medians = {}
         for layers in (DEPTHS if i % 2 == 0 else DEPTHS[::-1]):
-            run = neox_cpu.run_layout(layout(layers), os.path.join(work, f"round{i}-L{layers}"))
+            run = neox_cpu.run_layout(layout(layers, size), os.path.join(work, f"round{i}-L{layers}"))
             medians[layers] = statistics.median(run.iteration_ms[WARMUP:]) / 1e3
         per_layer = (medians[DEPTHS[1]] - medians[DEPTHS[0]]) / (DEPTHS[1] - DEPTHS[0])
         out.append({"medians_s": medians, "per_layer_s": per_layer, "per_call_s": per_layer / calls})
@@ -80,7 +86,8 @@ def measure(rounds: int, work_dir: Optional[str] = None) -> dict:
               f"{medians[DEPTHS[1]] * 1e3:.2f} ms at {DEPTHS[1]}: {per_layer * 1e3:.3f} ms a layer, "
               f"{per_layer / calls * 1e6:.1f} us a call", flush=True)
     per_call = [r["per_call_s"] for r in out]
-    return {"calls_per_layer": calls, "rounds": out, "median_per_call_s": statistics.median(per_call),
+    return {"size": {"hidden": size[0], "heads": size[1], "seq": size[2]},
+            "calls_per_layer": calls, "rounds": out, "median_per_call_s": statistics.median(per_call),
             "min_per_call_s": min(per_call), "max_per_call_s": max(per_call),
             "load_average": os.getloadavg()[0]}
 
@@ -89,14 +96,25 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--work-dir", help="where NeoX's data, configs and logs go (default: a temp dir)")
+    ap.add_argument("--size", default=",".join(map(str, SIZE)), metavar="HIDDEN,HEADS,SEQ",
+                    help="the layers' size (default: the prior's, %(default)s); smaller, the CPU's own "
+                         "kernel time leaves the per-call cost and the host's path remains")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     try:
-        result = measure(args.rounds, args.work_dir)
+        size = tuple(int(x) for x in args.size.split(","))
+        if len(size) != 3 or min(size) < 1 or size[0] % size[1]:
+            raise ValueError
+    except ValueError:
+        ap.error(f"--size {args.size!r}: give HIDDEN,HEADS,SEQ, positive whole numbers, HIDDEN a "
+                 "multiple of HEADS (e.g. 16,2,8)")
+    try:
+        result = measure(args.rounds, args.work_dir, size)
     except neox_cpu.NeoxUnavailable as exc:
         print(f"host_cost: {exc}; nothing measured")
         return 0
-    print(f"{result['calls_per_layer']} framework calls a checkpointed layer (forward, recompute, "
+    print(f"hidden {size[0]}, {size[1]} heads, sequence {size[2]}: "
+          f"{result['calls_per_layer']} framework calls a checkpointed layer (forward, recompute, "
           f"backward); host time per call: median {result['median_per_call_s'] * 1e6:.1f} us over "
           f"{len(result['rounds'])} rounds ({result['min_per_call_s'] * 1e6:.1f} .. "
           f"{result['max_per_call_s'] * 1e6:.1f}); load average {result['load_average']:.2f}")

@@ -41,3 +41,20 @@ def test_without_gpt_neox_it_says_so_and_measures_nothing(host_cost, monkeypatch
     monkeypatch.setenv("NEOX_PERF_NEOX_SRC", "")
     assert host_cost.main(["--rounds", "1"]) == 0
     assert "nothing measured" in capsys.readouterr().out
+
+
+def test_a_smaller_size_issues_the_same_calls_so_the_two_measure_one_thing(host_cost):
+    """--size shrinks the layers until the CPU's own kernel time leaves the per-call cost: the
+    division is by the same count of calls, or the two sizes would not be comparable."""
+    small = host_cost.layout(2, (16, 2, 8))
+    assert (small.hidden, small.heads, small.seq) == (16, 2, 8)
+    assert host_cost.calls_per_layer(small) == host_cost.calls_per_layer(host_cost.layout(2))
+
+
+@pytest.mark.parametrize("size", ["16,3,8", "16,2", "0,1,4", "a,b,c"])
+def test_a_size_it_cannot_build_is_one_line(host_cost, size, capsys):
+    with pytest.raises(SystemExit) as exc:
+        host_cost.main(["--size", size])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--size" in err and "HIDDEN,HEADS,SEQ" in err

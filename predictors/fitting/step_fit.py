@@ -115,8 +115,10 @@ ROBUST_SCALE = 0.05
 # slowdown) but the host's time per framework call, which is never 0. It is measured, with no
 # GPU run, on GPT-NeoX's own train.py at a size where every kernel takes microseconds:
 # `python benchmarks/host_cost.py --rounds 6` (2026-12-04, load average 0.9): 57.8 us a call,
-# the median of six rounds (51.7 .. 86.9), from 2.5 ms a checkpointed layer of 44 calls. A GPU
-# host adds a CUDA launch per kernel and runs another CPU, so PRIOR_SD's 20 us stays the width.
+# the median of six rounds (51.7 .. 86.9), from 2.5 ms a checkpointed layer of 44 calls. About
+# 42 us of it is the host's own path (`--size 16,2,8` and `8,1,4`: 41.3 and 42.6 us), the rest the
+# CPU running the tiny kernels, where a GPU host spends 5-20 us a launch instead; and a cluster's
+# host is another CPU (docs/cross-cluster.md), so PRIOR_SD's 20 us stays the width.
 # A cluster whose runs see the host (vTrain's small models: 78 us) moves it; one that cannot
 # (Jean Zay's 180B models) keeps this measurement instead of a host that costs nothing.
 HOST_CALL_S = 5.78e-5
