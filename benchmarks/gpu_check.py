@@ -20,6 +20,9 @@ Steps (each timed; one that fails is reported and the rest go on where they can)
   memory        per config: the live-bytes tracker's peak and components, max_memory_allocated,
                 max_memory_reserved, nvidia-smi's used memory, against check's per-component
                 prediction and its device terms (derive/device_memory.py)
+  host          benchmarks/host_path.py in this process: the host's time per framework call
+                under CUDA and on this host's CPU (the workload's layers alone, tiny, 2 against
+                10 layers): what the CUDA launch path adds to dispatch_s's CPU-measured prior
   overhead      benchmarks/hook_overhead.py under CUDA (nccl, CUDA events): plain and hooked
                 iterations alternated, the hook's own machinery, losses plain vs hooked
 Writes DIR/gpu_check.json (everything) and DIR/gpu_check.md (the summary); the working files
@@ -34,6 +37,7 @@ docs/gpu-check.md.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -54,6 +58,10 @@ BUDGET_S = 480.0  # the issue's 8 minutes, whole
 # A config's launch (torchrun, DeepSpeed's import, the model, the tracker's iteration, 30
 # iterations) is given this much at least before it is started; the overhead benchmark likewise.
 RUN_FLOOR_S, OVERHEAD_FLOOR_S, REPORT_S = 40.0, 40.0, 10.0
+# the host step (host_path.py): the layers at host_cost.py's size on each device, and on the CPU
+# also so small that its own kernels leave the call and the host's path remains
+HOST_SIZES = {"cuda": [(64, 4, 32)], "cpu": [(64, 4, 32), (8, 1, 4)]}
+HOST_FLOOR_S = 20.0
 # What the GPU check imports (module -> what to install); torch is the machine's own build.
 NEEDS = {"torch": "torch", "deepspeed": "deepspeed", "pydantic": "pydantic (DeepSpeed's)",
          "hjson": "hjson (DeepSpeed's)", "sklearn": "scikit-learn", "scipy": "scipy",
@@ -343,6 +351,25 @@ def tiny_configs(configs: List[str], work: Path) -> List[str]:
     return out
 
 
+# -- host -----------------------------------------------------------------------------------
+
+def host_step(cuda: bool, dry_run: bool) -> Dict[str, object]:
+    """The host's time per framework call under CUDA and on the CPU of this same host
+    (benchmarks/host_path.py, in this process: the workload's layers alone, seconds): what the
+    CUDA launch path adds to a call, against the CPU-measured prior of dispatch_s."""
+    spec = importlib.util.spec_from_file_location("neox_perf_host_path", HERE / "host_path.py")
+    host_path = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(host_path)
+    rounds, iters = (1, 3) if dry_run else (3, 30)
+    out = {}
+    for device in (["cuda"] if cuda else []) + ["cpu"]:
+        for size in HOST_SIZES[device]:
+            r = host_path.measure_device(device, size, rounds, iters)
+            out[f"{device} {','.join(map(str, size))}"] = r
+            say(host_path.line(r))
+    return out
+
+
 # -- overhead -------------------------------------------------------------------------------
 
 def overhead_step(cuda: bool, rounds: int, iters: int, work: Path) -> Dict[str, object]:
@@ -430,6 +457,13 @@ def markdown(report: dict) -> str:
                              f"{_mib(mrow['live_tracker_peak'])} ({_pct(mrow['live_tracker_error'])}) | "
                              f"{_mib(mrow['max_memory_allocated'])} | {_mib(mrow['max_memory_reserved'])} | "
                              f"{_mib(mrow['nvidia_smi_workload'])} | {_mib(mrow['predicted_device_total'])} |")
+    host = report.get("host")
+    if host:
+        lines += ["", "## Host time per framework call (host_path.py)", "",
+                  "| device, size | us a call, median (rounds) |", "|---|---|"]
+        for key, r in host.items():
+            lines.append(f"| {key} | {r['median_per_call_s'] * 1e6:.1f} ({r['min_per_call_s'] * 1e6:.1f} .. "
+                         f"{r['max_per_call_s'] * 1e6:.1f}) |")
     ov = report.get("overhead")
     if ov:
         loss = ov.get("loss") or {}
@@ -541,6 +575,7 @@ def _check(args) -> int:
         if r is not None:
             runs.append(r)
     report["runs"] = runs
+    report["host"] = step("host", lambda: host_step(cuda, dry), floor=HOST_FLOOR_S)
     report["overhead"] = step("overhead", lambda: overhead_step(cuda, rounds, 5 if dry else 20, work),
                               floor=OVERHEAD_FLOOR_S)
     report["clocks_after"] = clocks(cuda)

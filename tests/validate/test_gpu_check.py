@@ -119,7 +119,7 @@ def test_dry_run_walks_every_step_on_the_cpu(gpu_check, tmp_path):
     assert all((out / f).stat().st_size < 16 << 20 for f in files)
     report = json.loads((out / "gpu_check.json").read_text())
     steps = {s["step"]: s for s in report["steps"]}
-    assert list(steps) == ["machine", "calibrate", "run a-pp1-fp16-flash-layernorm", "overhead"]
+    assert list(steps) == ["machine", "calibrate", "run a-pp1-fp16-flash-layernorm", "host", "overhead"]
     assert all(s["status"] == "ok" for s in steps.values()), steps
     assert code == 0 and report["exit_code"] == 0
     assert report["machine"]["tf32"]["fp32_matmuls_as_tf32"] is False
@@ -140,9 +140,13 @@ def test_dry_run_walks_every_step_on_the_cpu(gpu_check, tmp_path):
     # the live-bytes tracker against check's prediction: the CPU stand-in agrees within 5%
     assert mem["live_tracker_peak"] > 0 and abs(mem["live_tracker_error"]) < 0.05
     assert mem["max_memory_allocated"] is None and mem["predicted_device_terms"] == {}  # no GPU
+    # the host step: no CUDA here, the CPU at both sizes, each a cost per call of the same 44
+    host = report["host"]
+    assert set(host) == {"cpu 64,4,32", "cpu 8,1,4"}
+    assert all(r["median_per_call_s"] > 0 and r["calls_per_layer"] == 44 for r in host.values())
     ov = report["overhead"]
     assert ov["device"] == "cpu" and len(ov["plain"]) == len(ov["hooked"]) > 0
     assert ov["loss"]["identical"] is True and ov["loss"]["micro_batches"] > 0
     md = (out / "gpu_check.md").read_text()
-    assert "--dry-run" in md and "## Hook overhead" in md
+    assert "--dry-run" in md and "## Hook overhead" in md and "## Host time per framework call" in md
     assert (tmp_path / "work" / "profile" / "manifest.json").is_file()
