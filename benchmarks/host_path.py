@@ -32,6 +32,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Dict, List, Sequence
 
+import neox_perf  # noqa: E402,F401  the installed package, before host_cost.py puts the checkout on sys.path
+
 HERE = Path(__file__).resolve().parent
 
 
