@@ -92,22 +92,28 @@ def measure(rounds: int, work_dir: Optional[str] = None, size=SIZE) -> dict:
             "load_average": os.getloadavg()[0]}
 
 
+def size_arg(text: str) -> tuple:
+    """--size HIDDEN,HEADS,SEQ (argparse type; host_path.py reads it too)."""
+    try:
+        size = tuple(int(x) for x in text.split(","))
+        if len(size) == 3 and min(size) >= 1 and size[0] % size[1] == 0:
+            return size
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"{text!r}: give HIDDEN,HEADS,SEQ, positive whole numbers, HIDDEN "
+                                     "a multiple of HEADS (e.g. 16,2,8)")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--work-dir", help="where NeoX's data, configs and logs go (default: a temp dir)")
-    ap.add_argument("--size", default=",".join(map(str, SIZE)), metavar="HIDDEN,HEADS,SEQ",
-                    help="the layers' size (default: the prior's, %(default)s); smaller, the CPU's own "
+    ap.add_argument("--size", default=SIZE, type=size_arg, metavar="HIDDEN,HEADS,SEQ",
+                    help="the layers' size (default: the prior's, 64,4,32); smaller, the CPU's own "
                          "kernel time leaves the per-call cost and the host's path remains")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    try:
-        size = tuple(int(x) for x in args.size.split(","))
-        if len(size) != 3 or min(size) < 1 or size[0] % size[1]:
-            raise ValueError
-    except ValueError:
-        ap.error(f"--size {args.size!r}: give HIDDEN,HEADS,SEQ, positive whole numbers, HIDDEN a "
-                 "multiple of HEADS (e.g. 16,2,8)")
+    size = args.size
     try:
         result = measure(args.rounds, args.work_dir, size)
     except neox_cpu.NeoxUnavailable as exc:

@@ -129,18 +129,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", action="append", choices=("cpu", "cuda"),
                     help="where the layers run (repeatable; default cpu)")
-    ap.add_argument("--size", default="64,4,32", metavar="HIDDEN,HEADS,SEQ")
+    hc = _host_cost()
+    ap.add_argument("--size", default=hc.SIZE, type=hc.size_arg, metavar="HIDDEN,HEADS,SEQ",
+                    help="the layers' size (default: host_cost.py's, 64,4,32)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--iters", type=int, default=30, help="timed iterations per depth and round")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    try:
-        size = tuple(int(x) for x in args.size.split(","))
-        if len(size) != 3 or min(size) < 1 or size[0] % size[1]:
-            raise ValueError
-    except ValueError:
-        ap.error(f"--size {args.size!r}: give HIDDEN,HEADS,SEQ, positive whole numbers, HIDDEN a "
-                 "multiple of HEADS (e.g. 16,2,8)")
+    size = args.size
     if args.rounds < 1 or args.iters < 1:
         ap.error("--rounds and --iters: 1 or more")
     devices = args.device or ["cpu"]
