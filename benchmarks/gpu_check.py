@@ -37,7 +37,6 @@ docs/gpu-check.md.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import platform
@@ -357,9 +356,8 @@ def host_step(cuda: bool, dry_run: bool) -> Dict[str, object]:
     """The host's time per framework call under CUDA and on the CPU of this same host
     (benchmarks/host_path.py, in this process: the workload's layers alone, seconds): what the
     CUDA launch path adds to a call, against the CPU-measured prior of dispatch_s."""
-    spec = importlib.util.spec_from_file_location("neox_perf_host_path", HERE / "host_path.py")
-    host_path = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(host_path)
+    sys.path.insert(0, str(HERE))  # the sibling script, as calibrate_twice.py imports validate_local
+    import host_path
     rounds, iters = (1, 3) if dry_run else (3, 30)
     out = {}
     for device in (["cuda"] if cuda else []) + ["cpu"]:

@@ -43,8 +43,6 @@ DEPTHS = (2, 10)
 # activation checkpointing; NeoX's CPU layouts default to no dropout
 EXTRA = {"hidden_dropout": 0.1, "attention_dropout": 0.1}
 WARMUP = 10  # iterations left out of each median
-
-
 SIZE = (64, 4, 32)  # hidden, heads, sequence: the prior's measurement (step_fit.HOST_CALL_S)
 
 

@@ -23,7 +23,6 @@ Measure on a quiet machine.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import statistics
 import sys
@@ -35,13 +34,8 @@ from typing import Dict, List, Sequence
 import neox_perf  # noqa: E402,F401  the installed package, before host_cost.py puts the checkout on sys.path
 
 HERE = Path(__file__).resolve().parent
-
-
-def _host_cost():
-    spec = importlib.util.spec_from_file_location("neox_perf_host_cost", HERE / "host_cost.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+sys.path.insert(0, str(HERE))
+import host_cost  # noqa: E402  (its layout, its count of calls, its --size)
 
 
 def workload_config(size: Sequence[int]):
@@ -49,15 +43,14 @@ def workload_config(size: Sequence[int]):
     from neox_perf.calibration.workload.dims import from_neox
     from neox_perf.predictors.fitting import devset
     from neox_perf.testing import neox_cpu
-    lay = _host_cost().layout(2, tuple(size))
+    lay = host_cost.layout(2, tuple(size))
     cfg, derived = devset.build_values(neox_cpu.config_values(lay, "unused"), 1, 1,
                                        "host-path layout", lay.name, 256)
     return from_neox(cfg, derived.padded_vocab)
 
 
 def calls_per_layer(size: Sequence[int]) -> int:
-    hc = _host_cost()
-    return hc.calls_per_layer(hc.layout(2, tuple(size)))
+    return host_cost.calls_per_layer(host_cost.layout(2, tuple(size)))
 
 
 def _iteration_seconds(layers, x0, mask, device: str, iters: int, warmup: int) -> List[float]:
@@ -81,7 +74,7 @@ def _iteration_seconds(layers, x0, mask, device: str, iters: int, warmup: int) -
     return out
 
 
-def measure_device(device: str, size: Sequence[int] = (64, 4, 32), rounds: int = 3,
+def measure_device(device: str, size: Sequence[int] = host_cost.SIZE, rounds: int = 3,
                    iters: int = 30, warmup: int = 5) -> Dict[str, object]:
     """Host seconds per framework call on `device`, per round and their median."""
     import torch
@@ -89,7 +82,7 @@ def measure_device(device: str, size: Sequence[int] = (64, 4, 32), rounds: int =
     from neox_perf.calibration.workload.layers import ParallelTransformerLayer
     from neox_perf.calibration.workload.tensor_parallel import TPState, set_tp_state, tp
 
-    depths = _host_cost().DEPTHS
+    depths = host_cost.DEPTHS
     base = workload_config(size)
     calls = calls_per_layer(size)
     before = tp()
@@ -129,8 +122,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", action="append", choices=("cpu", "cuda"),
                     help="where the layers run (repeatable; default cpu)")
-    hc = _host_cost()
-    ap.add_argument("--size", default=hc.SIZE, type=hc.size_arg, metavar="HIDDEN,HEADS,SEQ",
+    ap.add_argument("--size", default=host_cost.SIZE, type=host_cost.size_arg, metavar="HIDDEN,HEADS,SEQ",
                     help="the layers' size (default: host_cost.py's, 64,4,32)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--iters", type=int, default=30, help="timed iterations per depth and round")
