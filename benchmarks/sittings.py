@@ -1,7 +1,8 @@
 """Several sittings' launches side by side: how far one launch moves between sittings, and which
 layout class a profile misses once each sitting's own level is taken out.
 
-    python benchmarks/sittings.py S1.json S2.json [S3.json ...] [--cluster P [--compare Q ...]] [--json]
+    python benchmarks/sittings.py S1.json S2.json [S3.json ...] [--cluster P [--compare Q ...]]
+                                  [--by layout|attention] [--json]
 
 Each file is one sitting: a `validate_local.py --json` output (the same configs launched for
 real, each with its measured median iteration). Three things are printed.
@@ -15,7 +16,8 @@ measured median). Their mean is the sitting's level: a machine that ran the whol
 or faster, or a profile calibrated in another state of it, moves every launch alike. What is
 left after the level is taken out belongs to the layout: a class's error is the mean of its
 launches' errors minus the level. Classes: tensor parallel (mp >= 2), pipelined (pp >= 2),
-data parallel on at most one pipeline stage (dp >= 2, pp <= 1). A class that stays on one side
+data parallel on at most one pipeline stage (dp >= 2, pp <= 1); with --by attention, the
+layers' attention instead (flash, or unfused: mask and softmax over s x s). A class that stays on one side
 of its sitting's level in every sitting and under every profile is a missing term, not noise
 (the brief: a one-signed error is a missing term). Without --cluster the files' own predictions
 are read (each sitting's profile); with it, every sitting is predicted again by each profile
@@ -99,9 +101,18 @@ def spread(sittings: list) -> dict:
     return out
 
 
-def _errors(sitting: dict, profiles, gpus: int) -> dict:
+def attention_class(layout: dict) -> str:
+    """The layer's attention: flash (one compute-bound operator) or unfused (a mask and a
+    softmax over s x s, memory-bound: engine_fit.SPLIT_PHASES)."""
+    return f"{layout.get('attention') or 'unfused'} attention"
+
+
+CLASSIFY = {"layout": layout_class, "attention": attention_class}
+
+
+def _errors(sitting: dict, profiles, gpus: int, classify=layout_class) -> dict:
     """{profile: [(config name, class, log(predicted / measured median))]} for one sitting."""
-    classes = {_name(r): layout_class(r.get("layout") or {}) for r in sitting["results"]}
+    classes = {_name(r): classify(r.get("layout") or {}) for r in sitting["results"]}
     if not profiles:  # the sitting's own predictions
         name = sitting.get("cluster") or "the sitting's profile"
         return {name: [(_name(r), classes[_name(r)], math.log(float(r["predicted_seconds"]) / _median(r)))
@@ -111,12 +122,13 @@ def _errors(sitting: dict, profiles, gpus: int) -> dict:
                  math.log1p(row["predicted"][p]["error"])) for row in comp["rows"]] for p in profiles}
 
 
-def class_errors(sittings: list, profiles=(), gpus: int = 2) -> dict:
+def class_errors(sittings: list, profiles=(), gpus: int = 2, classify=layout_class) -> dict:
     """Per sitting and profile: the level and each class's error around it; per class: on which
-    side of the level it fell, over every sitting and profile."""
+    side of the level it fell, over every sitting and profile. ``classify``: a launch's class
+    from its layout (CLASSIFY)."""
     cells = []
     for i, s in enumerate(sittings):
-        for profile, errs in _errors(s, profiles, gpus).items():
+        for profile, errs in _errors(s, profiles, gpus, classify).items():
             if not errs:
                 continue
             level = statistics.fmean(e for _, _, e in errs)
@@ -199,6 +211,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cluster", help="predict every sitting again with this profile")
     ap.add_argument("--compare", nargs="+", default=[], metavar="CLUSTER", help="and with these")
     ap.add_argument("--gpus", type=int, default=2)
+    ap.add_argument("--by", choices=sorted(CLASSIFY), default="layout",
+                    help="the classes: the layout's parallelism (default), or its attention kind")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if args.compare and not args.cluster:
@@ -209,7 +223,8 @@ def main(argv=None) -> int:
         print(exc, file=sys.stderr)
         return 1
     profiles = [args.cluster, *args.compare] if args.cluster else []
-    sp, ce, ex = spread(sittings), class_errors(sittings, profiles, args.gpus), sync_excess(sittings)
+    sp, ex = spread(sittings), sync_excess(sittings)
+    ce = class_errors(sittings, profiles, args.gpus, CLASSIFY[args.by])
     if args.json:
         sys.stdout.write(json.dumps({"schema": 1, "sittings": list(args.files), "spread": sp,
                                      "class_errors": ce, "sync_excess": ex}, indent=1) + "\n")

@@ -85,3 +85,29 @@ def test_a_measured_collective_takes_no_step_term_and_a_priced_one_does(write_ya
     send = _call("pp_p2p")  # no engine run measures a pipeline send: priced, then the term
     bare = _Cache(profile, engine, StepTerms()).time(send)
     assert cache.time(send) == pytest.approx(bare + wait)
+
+
+def test_a_layers_backward_residual_takes_its_memory_bound_operators_from_the_estimate(write_yaml):
+    # engine.Residual.per_memory (order 6): estimate hands each layer phase its memory-bound
+    # operators' seconds; a backward term with per_memory adds exactly that share of them, and
+    # nothing to the forward, whose term has none
+    from neox_perf.prediction.corrections import COMPUTE_BOUND
+    from neox_perf.prediction.estimate import _stage_times
+    from neox_perf.prediction.operators import OpCall
+    bundled = load_profile("perlmutter-a100-80gb")
+    decomp = _decomp(write_yaml, "fp32")
+    line = {"seconds": 1e-4, "per_unit": 0.02, "feature": "operators"}
+    times = {}
+    for per_memory in (0.0, 1.5):
+        engine = {**ENGINE, "layer_forward": line, "layer_backward": {**line, "per_memory": per_memory}}
+        profile = _WithEngine(bundled, engine)
+        c = Corrections.of(profile, decomp, StepTerms())
+        cache = _Cache(profile, c.engine, StepTerms())
+        times[per_memory] = _stage_times(decomp.stages[0], cache, c.engine)
+    work = decomp.stages[0]
+    memory = sum(cache.time(x) * x.count for x in work.layer_backward
+                 if isinstance(x, OpCall) and x.op not in COMPUTE_BOUND)
+    assert 0 < memory < cache.operators(work.layer_backward)
+    # the tensor-parallel ratio (none here) would scale it; without one the layer adds 1.5 x memory
+    assert times[1.5].layer_backward - times[0.0].layer_backward == pytest.approx(1.5 * memory, rel=1e-9)
+    assert times[1.5].layer_forward == times[0.0].layer_forward

@@ -161,3 +161,34 @@ def test_the_replicas_wait_is_a_share_of_their_work_bounded_past_the_measured_gr
         EngineSection.parse({**SECTION, "dp_arrival": {"fraction": 0.03, "processes": 1}})
     with pytest.raises(EngineTermsError):
         EngineSection.parse({**SECTION, "dp_arrival": {"fraction": -0.01, "processes": 2}})
+
+
+# A layer's backward residual that also grows with its memory-bound operators (engine_fit's
+# SPLIT_PHASES): written back as read, added only on the line, and one line when unreadable.
+SPLIT_BACKWARD = {"seconds": 2e-4, "per_unit": 0.02, "per_memory": 1.5, "feature": "operators",
+                  "rows": 10, "ratio_range": [1.01, 1.3]}
+
+
+def test_a_backward_residual_adds_its_share_of_the_memory_bound_operators():
+    sec = EngineSection.parse({"precision": "fp32", "layer_backward": SPLIT_BACKWARD})
+    assert sec.to_dict()["layer_backward"] == SPLIT_BACKWARD
+    t = _terms(section={"precision": "fp32", "layer_backward": SPLIT_BACKWARD})
+    # 20 ms of operators, 4 ms of them memory-bound: the line plus 1.5 x 4 ms
+    assert t.layer("backward", 0.020, 0.004) == pytest.approx(2e-4 + 0.02 * 0.020 + 1.5 * 0.004)
+    # the same operators, all compute-bound: the line alone
+    assert t.layer("backward", 0.020) == pytest.approx(2e-4 + 0.02 * 0.020)
+    # an older section without the key reads as 0 and is written back without it
+    plain = {k: v for k, v in SPLIT_BACKWARD.items() if k != "per_memory"}
+    assert EngineSection.parse({"precision": "fp32", "layer_backward": plain}).to_dict()["layer_backward"] == plain
+    with pytest.raises(EngineTermsError) as err:
+        EngineSection.parse({"precision": "fp32", "layer_backward": {**SPLIT_BACKWARD, "per_memory": "nan"}},
+                            "p: manifest engine")
+    assert "\n" not in err.value.line() and "layer_backward" in err.value.line()
+
+
+def test_the_memory_share_does_not_move_a_residual_read_off_its_measured_ratios():
+    ratios = [[0.002, 1.5], [0.02, 1.15], [0.2, 1.01]]
+    term = {**SPLIT_BACKWARD, "ratios": ratios}
+    res = EngineSection.parse({"precision": "fp32", "layer_backward": term}).residuals["layer_backward"]
+    assert res.at(0.02, 0.01) == pytest.approx(0.15 * 0.02)  # inside the measured shapes: their ratio
+    assert res.at(1.0, 0.5) == pytest.approx(2e-4 + 0.02 + 1.5 * 0.5)  # outside: the line

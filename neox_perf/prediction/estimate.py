@@ -19,8 +19,8 @@ from ..errors import ProfileError
 from .operators import CommCall, Decomposition, OpCall, StageWork, framework_calls
 from ..profile.protocol import Profile
 from .collective_sources import ENGINE_RUNS, LINK_MODEL
-from .corrections import (DATA_PARALLEL, FABRIC_NODES_FITTED, INSIDE_NODE, Corrections, EngineTerms,
-                          StepTerms, of_profile, regime_of, unseen, unseen_of)
+from .corrections import (COMPUTE_BOUND, DATA_PARALLEL, FABRIC_NODES_FITTED, INSIDE_NODE, Corrections,
+                          EngineTerms, StepTerms, of_profile, regime_of, unseen, unseen_of)
 from .timeline import StageCost, StageCostError, Timeline, simulate_1f1b
 
 
@@ -211,6 +211,11 @@ class _Cache:
         """Seconds of the operators of one run of calls, issued by the host (StepTerms.issued)."""
         return self.terms.issued(*self._device_and_launches(calls))
 
+    def memory_bound(self, calls) -> float:
+        """Device seconds of the memory-bound operators (not COMPUTE_BOUND) of one run of calls."""
+        return sum(self.time(c) * c.count for c in calls
+                   if isinstance(c, OpCall) and c.op not in COMPUTE_BOUND)
+
     def host_wait(self, calls) -> float:
         """What the device waits for the host in one run of calls: its operators' issued time
         less their kernels."""
@@ -244,8 +249,10 @@ def _stage_times(work: StageWork, cache: _Cache, engine: Optional[EngineTerms] =
     extra_f = extra_b = 0.0
     optimizer, grad_sync = _update(work, cache, engine)
     if engine is not None:
-        lf += engine.layer("forward", cache.operators(work.layer_forward))
-        lb += engine.layer("backward", cache.operators(work.layer_backward))
+        lf += engine.layer("forward", cache.operators(work.layer_forward),
+                           cache.memory_bound(work.layer_forward))
+        lb += engine.layer("backward", cache.operators(work.layer_backward),
+                           cache.memory_bound(work.layer_backward))
         extra_f = engine.other("forward", cache.operators(work.forward), work.logits_elements)
         extra_b = engine.other("backward", cache.operators(work.backward), work.logits_elements)
         # tensor-parallel ranks meeting at their all-reduces (engine_fit's tensor-parallel pass)

@@ -67,7 +67,8 @@ class EngineRows:
     the shapes the user trains. Per run, against the profile being fitted:
     - a pipeline stage without the head holds only layers (and the embedding, an operator):
       per layer, measured = (stage time - its other operators - gradient accumulation) / layers,
-      a row of layer_forward / layer_backward at x = the layer's operators;
+      a row of layer_forward / layer_backward at x = the layer's operators (with the
+      memory-bound operators' seconds beside it: engine_fit.SPLIT_PHASES);
     - the head stage then gives other_forward / other_backward: its time minus its layers at
       that measured per-layer time, at x = its logits;
     - every stage gives optimizer_step (tensors, parameters, step) on DeepSpeed's non-ZeRO
@@ -91,13 +92,15 @@ class EngineRows:
         return self.accumulate.at(params, tensors) * (m - 1) / m
 
     def __call__(self, profile) -> Dict[str, list]:
+        from neox_perf.prediction.corrections import COMPUTE_BOUND
         from neox_perf.prediction.operators import OpCall, decompose
         out: Dict[str, list] = {t: [] for t in self.TERMS}
         self.notes = []
 
-        def ops(calls) -> float:
+        def ops(calls, memory_only: bool = False) -> float:
             return sum(profile.predict(c.op, c.phase, c.feature_dict()).seconds * c.count
-                       for c in calls if isinstance(c, OpCall))
+                       for c in calls if isinstance(c, OpCall)
+                       and not (memory_only and c.op in COMPUTE_BOUND))
 
         for rec in self.records:
             job, facts = rec.get("job") or "?", rec.get("facts") or {}
@@ -133,7 +136,7 @@ class EngineRows:
                         x = ops(calls)
                         meas = (got[phase] - ops(other) - extra) / w.transformer_layers
                         if meas > 0:
-                            out[term].append((x, meas - x, meas))
+                            out[term].append((x, meas - x, meas, ops(calls, True)))
                             per_layer[phase].append(meas)
                 for st, w in sorted(works.items()):
                     got = measured.get(st) or {}
@@ -146,7 +149,7 @@ class EngineRows:
                             meas = (got[phase] - extra
                                     - w.transformer_layers * statistics.median(per_layer[phase]))
                             if meas > 0:
-                                out[term].append((w.logits_elements, meas - ops(other), meas))
+                                out[term].append((w.logits_elements, meas - ops(other), meas, 0.0))
                             else:
                                 self.notes.append(f"run {job}: stage {st}'s {phase} took no longer "
                                                   f"than its layers at the other stages' pace: no "

@@ -14,7 +14,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 from neox_perf.errors import ProfileError
-from neox_perf.prediction.corrections import EngineSection
+from neox_perf.prediction.corrections import COMPUTE_BOUND, EngineSection
 from neox_perf.profile.directory import update as update_profile
 
 from .calibrated import FitRow
@@ -39,10 +39,14 @@ def _engine_prediction(profile, keys: dict, vocab: int, precision: str) -> dict:
     work = decompose(cfg, d.padded_vocab, [StageShape(0, st.transformer_layers, True, True,
                                                       st.params_per_rank)], precision=precision).stages[0]
 
-    def total(calls):
+    def total(calls, memory_only=False):
         return sum(profile.predict(c.op, c.phase, c.feature_dict()).seconds * c.count
-                   for c in calls if isinstance(c, OpCall))
+                   for c in calls if isinstance(c, OpCall)
+                   and not (memory_only and c.op in COMPUTE_BOUND))
     return {"layer_forward": total(work.layer_forward), "layer_backward": total(work.layer_backward),
+            # their memory-bound operators' share (Residual.per_memory)
+            "layer_forward_memory": total(work.layer_forward, True),
+            "layer_backward_memory": total(work.layer_backward, True),
             "other_forward": total(work.forward), "other_backward": total(work.backward),
             "activation_elements": work.activation_elements, "logits_elements": work.logits_elements,
             "param_tensors": work.param_tensors,
@@ -55,11 +59,14 @@ def _engine_prediction(profile, keys: dict, vocab: int, precision: str) -> dict:
                                            ("other", "backward", work.backward))}}
 
 
-def _residual_fit(x: np.ndarray, r: np.ndarray, m: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+def _residual_fit(x: np.ndarray, r: np.ndarray, m: np.ndarray,
+                  memory: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray]:
     """[c0, c1] minimising sum(((c0 + c1 x - r) / m)^2): the residual r of a measured time m as a
     fixed part plus a part growing with x; and the leave-one-out relative error of
-    (operators + c0 + c1 x) against m, per row."""
-    design = np.column_stack([np.ones_like(x), x]) / m[:, None]
+    (operators + c0 + c1 x) against m, per row. With ``memory`` (the memory-bound operators'
+    seconds of each row): [c0, c1, c2], c2 per second of those on top (SPLIT_PHASES)."""
+    columns = [np.ones_like(x), x] + ([] if memory is None else [memory])
+    design = np.column_stack(columns) / m[:, None]
     target = r / m
 
     def solve(rows):
@@ -113,6 +120,19 @@ def _ratio_range(r: np.ndarray, m: np.ndarray) -> dict:
 # loss's extra passes over the logits plus a fixed cost.
 ENGINE_FEATURES = {"layer_forward": "operators", "layer_backward": "operators",
                    "other_forward": "logits", "other_backward": "logits"}
+# The phases whose residual also grows with the memory-bound operators' own seconds
+# (Residual.per_memory). A layer's backward reads what its forward saved, evicted from the
+# caches since, and its memory-bound operators (norm, softmax, mask, activation backward) are
+# little arithmetic per byte: the operator benchmark times each warm, so in training they run
+# slower than alone far more than its GEMMs do. Chosen for that reason, then checked on the 16
+# calibrations stored at stops 48-55 (`python benchmarks/layer_residuals.py DIR ...`): one line
+# fitted every unfused-attention shape set (mask and softmax over s x s) under its measured time
+# in 16 of 16 (-0.1% to -3.4% on average) and the flash ones over in 15; with the memory-bound
+# operators beside it the backward's leave-one-out error over the shapes fell from 4.98% to
+# 4.11% (lower in 11 of 16), their coefficient positive in all 16 (+0.26 to +3.20, median +1.60).
+# Not the forward: there each memory-bound operator reads what the one before it just wrote, and
+# the same split fitted worse (5.31% -> 6.09%, lower in 3 of 16; docs/engine-terms.md).
+SPLIT_PHASES = ("layer_backward",)
 
 
 # DeepSpeed's ZeRO stage-1/2 optimizer (runtime/zero/stage_1_and_2.py), as the engine
@@ -266,12 +286,14 @@ def fit_engine(profile, engine_path, tp_path=None, extra_rows=None,
         n, precision = int(row["layers"]), row["precision"]
         pred = _engine_prediction(profile, row["keys"], row["vocab"], precision)
         v = pred["logits_elements"]
-        for rows, x, measured, predicted in (
-                (layer_f, pred["layer_forward"], row["layer_forward"] / n, pred["layer_forward"]),
-                (layer_b, pred["layer_backward"], row["layer_backward"] / n, pred["layer_backward"]),
-                (other_f, v, row["forward"] - row["layer_forward"], pred["other_forward"]),
-                (other_b, v, row["backward"] - row["layer_backward"], pred["other_backward"])):
-            rows.append((x, measured - predicted, measured))
+        for rows, x, measured, predicted, memory in (
+                (layer_f, pred["layer_forward"], row["layer_forward"] / n, pred["layer_forward"],
+                 pred["layer_forward_memory"]),
+                (layer_b, pred["layer_backward"], row["layer_backward"] / n, pred["layer_backward"],
+                 pred["layer_backward_memory"]),
+                (other_f, v, row["forward"] - row["layer_forward"], pred["other_forward"], 0.0),
+                (other_b, v, row["backward"] - row["layer_backward"], pred["other_backward"], 0.0)):
+            rows.append((x, measured - predicted, measured, memory))
         steps.append((row["tensors"], row["params"], row["step"]))
         flat.append((row["params"], row["flatten"]))
         acc.append((row["tensors"], row["params"], row["accumulate"]))
@@ -289,8 +311,8 @@ def fit_engine(profile, engine_path, tp_path=None, extra_rows=None,
     table: List[FitRow] = []
     for name, rows in (("layer_forward", layer_f), ("layer_backward", layer_b),
                        ("other_forward", other_f), ("other_backward", other_b)):
-        x, r, m = (np.array(col, dtype=float) for col in zip(*rows))
-        coef, loo = _residual_fit(x, r, m)
+        x, r, m, memory = (np.array(col, dtype=float) for col in zip(*rows))
+        coef, loo = _residual_fit(x, r, m, memory if name in SPLIT_PHASES else None)
         loo_mean, loo_max = float(np.mean(loo)), float(np.max(loo))
         raw = float(np.mean(np.abs((m - r) / m - 1.0)))
         feature = ENGINE_FEATURES[name]
@@ -300,6 +322,9 @@ def fit_engine(profile, engine_path, tp_path=None, extra_rows=None,
         terms[name].update(_ratio_range(r, m))
         what = (f"+{coef[1]:.1%} of the operators + {coef[0] * 1e3:.2f} ms" if feature == "operators"
                 else f"{coef[1] * 1e9:+.3g} ns per logit + {coef[0] * 1e3:.2f} ms")
+        if len(coef) > 2:
+            terms[name]["per_memory"] = float(coef[2])
+            what += f" + {coef[2]:.1%} of the memory-bound ones"
         chosen = loo_mean
         if feature == "operators":
             interp = _ratio_curve(x, m, loo)
@@ -439,7 +464,7 @@ def _fit_tensor_parallel_rows(profile, rows, base, preds, processes) -> Tuple[di
             comm = _priced_comm(profile, base, pred[f"{where}_{phase}_comm"])
             if where == "layer":
                 n = int(row["layers"])
-                parts = ops + base.layer(phase, ops) + comm
+                parts = ops + base.layer(phase, ops, pred[f"layer_{phase}_memory"]) + comm
                 measured = row[f"layer_{phase}"] / n
             else:
                 parts = ops + base.other(phase, ops, pred["logits_elements"]) + comm

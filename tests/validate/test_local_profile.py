@@ -63,10 +63,14 @@ def test_a_small_store_fits_a_loadable_profile(tmp_path):
     assert rows[("allreduce", "comm")].model == "baseline"  # four rows: too few for trees
 
 
+TENSORS = (10, 14, 11, 13)
+
+
 def _engine_json(path, profile, sizes=((64, 64), (128, 64), (128, 128), (256, 64)),
-                 layer=lambda operators: 1.2 * operators + 1e-3):
+                 layer=lambda operators: 1.2 * operators + 1e-3, backward=None):
     """Engine measurements at these (hidden, seq) shapes whose layers take ``layer(their
-    operators)`` (default: 20% + 1 ms slower than the operators predict)."""
+    operators)`` (default: 20% + 1 ms slower than the operators predict); ``backward(its
+    operator predictions)``, when given, a layer's backward instead."""
     from neox_perf.calibration.engine import engine_keys, engine_label
     from neox_perf.predictors.fitting.engine_fit import _engine_prediction
     shapes = {}
@@ -74,12 +78,12 @@ def _engine_json(path, profile, sizes=((64, 64), (128, 64), (128, 128), (256, 64
         shape = (d, l, 1, "layernorm", "global", 256)
         keys = engine_keys(shape, 2)
         p = _engine_prediction(profile, keys, 256, "fp32")
-        lf, lb = layer(p["layer_forward"]), layer(p["layer_backward"])
+        lf, lb = layer(p["layer_forward"]), (backward(p) if backward else layer(p["layer_backward"]))
         shapes[engine_label(shape, 2)] = {
             "keys": keys, "vocab": 256, "layers": 2, "precision": "fp32", "params": 1000 * (i + 1),
-            "tensors": (10, 14, 11, 13)[i], "layer_forward": 2 * lf, "layer_backward": 2 * lb,
+            "tensors": TENSORS[i % 4], "layer_forward": 2 * lf, "layer_backward": 2 * lb,
             "forward": 2 * lf + p["other_forward"] + 2e-3, "backward": 2 * lb + p["other_backward"] + 2e-3,
-            "flatten": 1e-3 * (i + 1), "step": 1e-4 * (10, 14, 11, 13)[i] + 2e-6 * 1000 * (i + 1),
+            "flatten": 1e-3 * (i + 1), "step": 1e-4 * TENSORS[i % 4] + 2e-6 * 1000 * (i + 1),
             "accumulate": 1e-4}
     path.write_text(json.dumps({"shapes": shapes}))
 
@@ -97,6 +101,33 @@ def test_engine_terms_recover_a_known_slowdown(tmp_path):
     step = terms["optimizer_step"]["coef"]
     assert step["per_tensor"] == pytest.approx(1e-4, rel=0.02) and step["per_param"] == pytest.approx(2e-6, rel=0.02)
     assert any(r.op == "engine layer_forward" for r in table)
+
+
+def test_a_layer_backward_residual_finds_its_memory_bound_operators_slower(tmp_path):
+    # a backward whose memory-bound operators (norm, softmax, mask, activation) run 2.5x their
+    # warm benchmark and the rest 5% over, at shapes whose memory-bound share differs (the
+    # attention's s x s grows with the sequence): the fit separates the two, the forward has
+    # no such column, and the shapes are predicted to within rounding
+    profile = load_profile("perlmutter-a100-80gb")
+    sizes = ((64, 64), (64, 256), (128, 64), (128, 256), (256, 128), (256, 512))
+
+    def backward(p):
+        return 1.05 * p["layer_backward"] + 1.5 * p["layer_backward_memory"] + 5e-4
+    _engine_json(tmp_path / "engine.json", profile, sizes, backward=backward)
+    terms, table = fit_engine(profile, tmp_path / "engine.json")
+    back = terms["layer_backward"]
+    assert back["per_memory"] == pytest.approx(1.5, rel=1e-3)
+    assert back["per_unit"] == pytest.approx(0.05, abs=1e-3) and back["loo_max"] < 1e-6
+    assert "per_memory" not in terms["layer_forward"]
+    assert any("memory-bound" in r.note for r in table if r.op == "engine layer_backward")
+    # the one line it replaced misses shapes by their memory-bound share
+    from neox_perf.predictors.fitting.engine_fit import _engine_prediction, _residual_fit
+    from neox_perf.calibration.engine import engine_keys
+    preds = [_engine_prediction(profile, engine_keys((d, l, 1, "layernorm", "global", 256), 2), 256, "fp32")
+             for d, l in sizes]
+    x = np.array([p["layer_backward"] for p in preds])
+    m = np.array([backward(p) for p in preds])
+    assert _residual_fit(x, m - x, m)[1].max() > 1e-3
 
 
 # The line `calibrate` fitted to this project's CPU for its `ident` profile's layer backward

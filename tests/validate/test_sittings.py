@@ -105,3 +105,24 @@ def test_the_data_parallel_gradient_sync_beyond_its_price(tmp_path, capsys, benc
     assert ex["sittings"] == [pytest.approx(0.015), pytest.approx(0.0)]
     benchmark_script("sittings").main(files)
     assert "gradient sync beyond each sitting's own price of it" in capsys.readouterr().out
+
+
+def test_the_classes_can_be_the_layers_attention(tmp_path, capsys, benchmark_script):
+    # the flash layout over by 5% in every sitting, the unfused ones on the level: by attention
+    # the flash class is one-signed
+    files = []
+    for name, level in (("a", 1.1), ("b", 0.9), ("c", 1.0)):
+        results = []
+        for config, layout in LAYOUTS.items():
+            attention = "flash" if "flash" in config else "unfused"
+            factor = level * (1.05 if attention == "flash" else 1.0)
+            results.append({"config": [config], "layout": {**layout, "attention": attention},
+                            "measured_seconds": 1.0, "predicted_seconds": factor})
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"cluster": name, "results": results}))
+        files.append(str(path))
+    assert benchmark_script("sittings").main([*files, "--by", "attention", "--json"]) == 0
+    classes = json.loads(capsys.readouterr().out)["class_errors"]["classes"]
+    assert set(classes) == {"flash attention", "unfused attention"}
+    assert classes["flash attention"]["over"] == 3 and classes["flash attention"]["one_signed"]
+    assert classes["unfused attention"]["under"] == 3

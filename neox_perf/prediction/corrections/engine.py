@@ -10,7 +10,8 @@ EngineSection.to_dict.
 Five kinds of term, each where its cost scales differently:
 - Residual (layer_forward/backward, other_forward/backward): seconds + per_unit * x on top
   of the operators, x the operators' own seconds (inside a layer) or the logits (outside),
-  never taking the phase below the lowest ratio to its operators it was measured at;
+  never taking the phase below the lowest ratio to its operators it was measured at; a
+  layer's backward adds per_memory * its memory-bound operators' seconds (Residual.per_memory);
   tp_layer_/tp_other_forward/backward the same on top of a tensor-parallel phase's parts
   (operators, residual, all-reduces), for groups of the size it was measured in ("processes");
 - Linear (optimizer_step, grad_flatten, grad_accumulate, zero_reduce, zero_step, and
@@ -71,6 +72,11 @@ class Residual:
     ratios: Tuple[Tuple[float, float], ...] = ()
     # (lowest, highest) measured / operators over the rows it was fitted on (engine_fit)
     ratio_range: Optional[Tuple[float, float]] = None
+    # seconds added per second of the phase's memory-bound operators (norms, softmax, masks,
+    # activations: not COMPUTE_BOUND), on top of per_unit: a layer's backward reads what its
+    # forward saved, long evicted from the caches by then, where the operator benchmark times
+    # each one warm (engine_fit.SPLIT_PHASES; docs/engine-terms.md)
+    per_memory: float = 0.0
     floor: float = field(init=False, repr=False, compare=False)  # the lowest ratio: see above
 
     def __post_init__(self):
@@ -83,6 +89,8 @@ class Residual:
                                                  and 0 < self.ratio_range[0] <= self.ratio_range[1]
                                                  and math.isfinite(self.ratio_range[1])):
             raise ValueError("ratio_range must be [lowest, highest], 0 < lowest <= highest")
+        if not math.isfinite(self.per_memory):
+            raise ValueError(f"per_memory must be a finite number, got {self.per_memory!r}")
         object.__setattr__(self, "floor", self._lowest_ratio())
 
     def _lowest_ratio(self) -> float:
@@ -100,12 +108,13 @@ class Residual:
         # over the sampled range is at one end of it
         return max(0.0, min(1.0 + self.per_unit + self.seconds / x for x in (lo, hi)))
 
-    def added(self, x: float, operators: float) -> float:
-        """Seconds this term adds to a phase whose operators take ``operators`` seconds, at
-        ``x`` (its feature: the same operators, or the logits); the phase keeps `floor`."""
-        return max(self.at(x), (self.floor - 1.0) * operators)
+    def added(self, x: float, operators: float, memory: float = 0.0) -> float:
+        """Seconds this term adds to a phase whose operators take ``operators`` seconds
+        (``memory`` of them memory-bound), at ``x`` (its feature: the same operators, or the
+        logits); the phase keeps `floor`."""
+        return max(self.at(x, memory), (self.floor - 1.0) * operators)
 
-    def at(self, x: float) -> float:
+    def at(self, x: float, memory: float = 0.0) -> float:
         pts = self.ratios
         if pts and pts[0][0] <= x <= pts[-1][0]:
             lx = math.log(x)
@@ -113,10 +122,12 @@ class Residual:
                 if x <= x1:
                     w = (lx - math.log(x0)) / (math.log(x1) - math.log(x0))
                     return (r0 + w * (r1 - r0) - 1.0) * x
-        return self.seconds + self.per_unit * x
+        return self.seconds + self.per_unit * x + self.per_memory * memory
 
     def to_dict(self) -> Dict[str, Any]:
         out = {"seconds": self.seconds, "per_unit": self.per_unit, **self.extra}
+        if self.per_memory:
+            out["per_memory"] = self.per_memory
         if self.ratios:
             out["ratios"] = [list(p) for p in self.ratios]
         if self.ratio_range is not None:
@@ -233,11 +244,12 @@ class EngineSection:
                     ratio_range = value.get("ratio_range")
                     residuals[key] = Residual(float(value["seconds"]), float(value["per_unit"]),
                                               _rest(value, ("seconds", "per_unit", "ratios",
-                                                            "ratio_range")),
+                                                            "ratio_range", "per_memory")),
                                               tuple((float(a), float(b))
                                                     for a, b in value.get("ratios") or ()),
                                               None if ratio_range is None
-                                              else tuple(float(v) for v in ratio_range))
+                                              else tuple(float(v) for v in ratio_range),
+                                              float(value.get("per_memory", 0.0)))
                 elif key in LINEARS and value:
                     coef = value["coef"]
                     unknown = set(coef) - set(COEFFICIENTS)
@@ -318,9 +330,11 @@ class EngineTerms:
         term = self.section.residuals.get(name)
         return term.added(x, operators) if term else 0.0
 
-    def layer(self, phase: str, operators: float) -> float:
-        """Seconds one layer adds to its operators' `operators` seconds in this phase."""
-        return self._residual(f"layer_{phase}", operators, operators)
+    def layer(self, phase: str, operators: float, memory: float = 0.0) -> float:
+        """Seconds one layer adds to its operators' `operators` seconds in this phase, ``memory``
+        of them in memory-bound operators."""
+        term = self.section.residuals.get(f"layer_{phase}")
+        return term.added(operators, operators, memory) if term else 0.0
 
     def tensor_parallel(self, part: str, phase: str, parts: float, calls) -> float:
         """Seconds a tensor-parallel ``part`` ("layer", or "other": embedding, head and loss)
