@@ -30,6 +30,7 @@ import numpy as np
 
 from neox_perf.predictors.fitting import engine_fit
 from neox_perf.predictors.profile import load_profile
+from neox_perf.profile.directory import has_manifest, read
 
 CALIBRATIONS = ("first", "second")
 
@@ -62,7 +63,7 @@ def calibrations(dirs):
     for d in dirs:
         for name in CALIBRATIONS:
             profile_dir, engine = Path(d) / f"profile-{name}", Path(d) / f"{name}.engine.json"
-            if (profile_dir / "manifest.json").is_file() and engine.is_file():
+            if has_manifest(profile_dir) and engine.is_file():
                 yield Path(d), name, profile_dir, engine
 
 
@@ -97,7 +98,7 @@ def main(argv=None) -> int:
                 shutil.rmtree(out)
             shutil.copytree(profile_dir, out)
             tp = d / f"{name}.tp.json"
-            section = load_profile(out).manifest.engine
+            section = read(out).engine
             statistic = section.extra.get("statistic", engine_fit.STATISTIC) if section else engine_fit.STATISTIC
             engine_fit.add_engine(out, engine, tp if tp.is_file() else None, statistic=statistic)
     print(f"over {len(found)} calibrations:")
