@@ -10,8 +10,8 @@ retired). This asks why, term by term:
    share near 0 came back at its prior's centre (step_fit.PRIOR_CENTER), not from the cluster;
 2. vTrain's single-node runs, by tensor-parallel width, under Jean Zay's terms: as fitted; with
    the terms Jean Zay's runs cannot see (share under 0.5) taken from vTrain's shipped fit -- a
-   diagnosis, not a transfer: those values are vTrain's own -- and with each remaining Jean Zay
-   term set back to neutral on top;
+   diagnosis, not a transfer: those values are vTrain's own -- together and each alone; and
+   with each remaining Jean Zay term set back to neutral on top;
 3. what each term Jean Zay's runs do identify buys Jean Zay itself (in-sample, set to neutral);
 4. per cluster and tensor-parallel width, what a rank does between two all-reduces of a layer's
    forward (its operators' issued time over the all-reduces) and how large they are: why a
@@ -111,6 +111,11 @@ def main(argv=None) -> int:
             continue
         _by_tp(f"  and Jean Zay's {n} set to neutral", single,
                step_fit.predict_all(single, dgx, replace(patched, **{n: getattr(neutral, n)})))
+    # which of them carries it: each alone from vTrain's fit, the rest as Jean Zay's
+    for n in unseen:
+        if getattr(vtrain, n) != getattr(jz_terms, n):
+            _by_tp(f"only {n} from vTrain's", single,
+                   step_fit.predict_all(single, dgx, replace(jz_terms, **{n: getattr(vtrain, n)})))
     _by_tp("vTrain's own shipped terms (in-sample)", single, step_fit.predict_all(single, dgx, vtrain))
     print("\nJean Zay's own runs (in-sample) under its terms:")
     _by_tp("as fitted", bloom, step_fit.predict_all(bloom, jz, jz_terms))
