@@ -17,9 +17,9 @@ or faster, or a profile calibrated in another state of it, moves every launch al
 left after the level is taken out belongs to the layout: a class's error is the mean of its
 launches' errors minus the level. Classes: tensor parallel (mp >= 2), pipelined (pp >= 2),
 data parallel on at most one pipeline stage (dp >= 2, pp <= 1); with --by attention, the
-layers' attention instead (flash, or unfused: mask and softmax over s x s). A class that stays on one side
-of its sitting's level in every sitting and under every profile is a missing term, not noise
-(the brief: a one-signed error is a missing term). Without --cluster the files' own predictions
+layers' attention instead (flash, or unfused: mask and softmax over s x s). A class that stays
+on one side of its sitting's level in every sitting and under every profile is a missing term,
+not noise (the brief: a one-signed error is a missing term). Without --cluster the files' own predictions
 are read (each sitting's profile); with it, every sitting is predicted again by each profile
 given (validate_local's --measured), launching nothing. The profiles of one sitting share its
 launches, so a class is called one-signed when every sitting's mean over its profiles falls on
