@@ -66,6 +66,26 @@ def calls_per_layer(lay) -> int:
                      + framework_calls(stage.layer_backward)))
 
 
+def depth_order(round_index: int) -> tuple:
+    """The depths in one round's order: alternated, so neither depth always runs first."""
+    return DEPTHS if round_index % 2 == 0 else DEPTHS[::-1]
+
+
+def round_result(medians: dict, calls: int) -> dict:
+    """One round, from its median iteration (seconds) at each depth: the extra layers' time, a
+    layer's and a call's."""
+    per_layer = (medians[DEPTHS[1]] - medians[DEPTHS[0]]) / (DEPTHS[1] - DEPTHS[0])
+    return {"medians_s": medians, "per_layer_s": per_layer, "per_call_s": per_layer / calls}
+
+
+def summary(rounds: list, calls: int, size) -> dict:
+    """The rounds (round_result) and their median, lowest and highest seconds a call."""
+    per_call = [r["per_call_s"] for r in rounds]
+    return {"size": {"hidden": size[0], "heads": size[1], "seq": size[2]},
+            "calls_per_layer": calls, "rounds": rounds, "median_per_call_s": statistics.median(per_call),
+            "min_per_call_s": min(per_call), "max_per_call_s": max(per_call)}
+
+
 def measure(rounds: int, work_dir: Optional[str] = None, size=SIZE) -> dict:
     """Host seconds per framework call, per round and their median; NeoxUnavailable where no
     GPT-NeoX checkout is set."""
@@ -75,19 +95,15 @@ def measure(rounds: int, work_dir: Optional[str] = None, size=SIZE) -> dict:
     out = []
     for i in range(rounds):
         medians = {}
-        for layers in (DEPTHS if i % 2 == 0 else DEPTHS[::-1]):
+        for layers in depth_order(i):
             run = neox_cpu.run_layout(layout(layers, size), os.path.join(work, f"round{i}-L{layers}"))
             medians[layers] = statistics.median(run.iteration_ms[WARMUP:]) / 1e3
-        per_layer = (medians[DEPTHS[1]] - medians[DEPTHS[0]]) / (DEPTHS[1] - DEPTHS[0])
-        out.append({"medians_s": medians, "per_layer_s": per_layer, "per_call_s": per_layer / calls})
+        r = round_result(medians, calls)
+        out.append(r)
         print(f"round {i + 1}: median iteration {medians[DEPTHS[0]] * 1e3:.2f} ms at {DEPTHS[0]} layers, "
-              f"{medians[DEPTHS[1]] * 1e3:.2f} ms at {DEPTHS[1]}: {per_layer * 1e3:.3f} ms a layer, "
-              f"{per_layer / calls * 1e6:.1f} us a call", flush=True)
-    per_call = [r["per_call_s"] for r in out]
-    return {"size": {"hidden": size[0], "heads": size[1], "seq": size[2]},
-            "calls_per_layer": calls, "rounds": out, "median_per_call_s": statistics.median(per_call),
-            "min_per_call_s": min(per_call), "max_per_call_s": max(per_call),
-            "load_average": os.getloadavg()[0]}
+              f"{medians[DEPTHS[1]] * 1e3:.2f} ms at {DEPTHS[1]}: {r['per_layer_s'] * 1e3:.3f} ms a layer, "
+              f"{r['per_call_s'] * 1e6:.1f} us a call", flush=True)
+    return {**summary(out, calls, size), "load_average": os.getloadavg()[0]}
 
 
 def size_arg(text: str) -> tuple:

@@ -82,14 +82,13 @@ def measure_device(device: str, size: Sequence[int] = host_cost.SIZE, rounds: in
     from neox_perf.calibration.workload.layers import ParallelTransformerLayer
     from neox_perf.calibration.workload.tensor_parallel import TPState, set_tp_state, tp
 
-    depths = host_cost.DEPTHS
     base = workload_config(size)
     calls = calls_per_layer(size)
     before = tp()
     set_tp_state(TPState(init_device=device))
     try:
         stacks = {}
-        for n in depths:
+        for n in host_cost.DEPTHS:
             torch.manual_seed(1234)
             wc = replace(base, num_layers=n, attention_types=(base.attention_types[0],) * n)
             stacks[n] = [ParallelTransformerLayer(wc, i).to(device).train() for i in range(n)]
@@ -98,16 +97,12 @@ def measure_device(device: str, size: Sequence[int] = host_cost.SIZE, rounds: in
         out = []
         for r in range(rounds):
             medians = {}
-            for n in (depths if r % 2 == 0 else depths[::-1]):
+            for n in host_cost.depth_order(r):
                 medians[n] = statistics.median(_iteration_seconds(stacks[n], x0, mask, device, iters, warmup))
-            per_layer = (medians[depths[1]] - medians[depths[0]]) / (depths[1] - depths[0])
-            out.append({"medians_s": medians, "per_layer_s": per_layer, "per_call_s": per_layer / calls})
+            out.append(host_cost.round_result(medians, calls))
     finally:
         set_tp_state(before)
-    per_call = [r["per_call_s"] for r in out]
-    return {"device": device, "size": {"hidden": size[0], "heads": size[1], "seq": size[2]},
-            "calls_per_layer": calls, "rounds": out, "median_per_call_s": statistics.median(per_call),
-            "min_per_call_s": min(per_call), "max_per_call_s": max(per_call)}
+    return {"device": device, **host_cost.summary(out, calls, size)}
 
 
 def line(result: Dict[str, object]) -> str:

@@ -92,15 +92,13 @@ class EngineRows:
         return self.accumulate.at(params, tensors) * (m - 1) / m
 
     def __call__(self, profile) -> Dict[str, list]:
-        from neox_perf.prediction.corrections import COMPUTE_BOUND
-        from neox_perf.prediction.operators import OpCall, decompose
+        from neox_perf.prediction.corrections.engine import operator_seconds
+        from neox_perf.prediction.operators import decompose
         out: Dict[str, list] = {t: [] for t in self.TERMS}
         self.notes = []
 
         def ops(calls, memory_only: bool = False) -> float:
-            return sum(profile.predict(c.op, c.phase, c.feature_dict()).seconds * c.count
-                       for c in calls if isinstance(c, OpCall)
-                       and not (memory_only and c.op in COMPUTE_BOUND))
+            return operator_seconds(profile, calls, memory_only)
 
         for rec in self.records:
             job, facts = rec.get("job") or "?", rec.get("facts") or {}

@@ -14,7 +14,8 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 from neox_perf.errors import ProfileError
-from neox_perf.prediction.corrections import COMPUTE_BOUND, EngineSection
+from neox_perf.prediction.corrections import EngineSection
+from neox_perf.prediction.corrections.engine import operator_seconds
 from neox_perf.profile.directory import update as update_profile
 
 from .calibrated import FitRow
@@ -40,9 +41,7 @@ def _engine_prediction(profile, keys: dict, vocab: int, precision: str) -> dict:
                                                       st.params_per_rank)], precision=precision).stages[0]
 
     def total(calls, memory_only=False):
-        return sum(profile.predict(c.op, c.phase, c.feature_dict()).seconds * c.count
-                   for c in calls if isinstance(c, OpCall)
-                   and not (memory_only and c.op in COMPUTE_BOUND))
+        return operator_seconds(profile, calls, memory_only)
     return {"layer_forward": total(work.layer_forward), "layer_backward": total(work.layer_backward),
             # their memory-bound operators' share (Residual.per_memory)
             "layer_forward_memory": total(work.layer_forward, True),

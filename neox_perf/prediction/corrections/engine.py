@@ -31,6 +31,8 @@ from functools import lru_cache
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from ...errors import ProfileError
+from ..operators import OpCall
+from .step import COMPUTE_BOUND
 
 RESIDUALS = ("layer_forward", "layer_backward", "other_forward", "other_backward",
              "tp_layer_forward", "tp_layer_backward", "tp_other_forward", "tp_other_backward")
@@ -46,6 +48,15 @@ RECALIBRATE = "recalibrate the profile"
 
 class EngineTermsError(ProfileError):
     """A manifest's engine section that cannot be read: one line naming the key."""
+
+
+def operator_seconds(profile, calls, memory_only: bool = False) -> float:
+    """The profile's isolated seconds for the operator calls of one run of calls (no step term,
+    no host queue): what a residual is fitted against (engine_fit from the engine step,
+    runs.engine_rows from a training run); ``memory_only``: the memory-bound ones alone
+    (Residual.per_memory)."""
+    return sum(profile.predict(c.op, c.phase, c.feature_dict()).seconds * c.count
+               for c in calls if isinstance(c, OpCall) and not (memory_only and c.op in COMPUTE_BOUND))
 
 
 @dataclass(frozen=True)
