@@ -15,6 +15,12 @@ that moves most is where the calibration is not reproducible.
 The two calibrations must each be taken on a quiet machine (nothing else running): what is
 compared is the calibration's own repeatability, not the machine's load. `--run` checks the
 load average before each and says so when it is not quiet.
+
+A quiet machine can still change speed between the two (a VM on a shared host: the same fixed
+reference loop 0.92 ms at one calibration's start and 0.74 at the next's, 2026-12-05). Each
+calibration times that reference at its start (calibration/disturbance.Probe; the profile keeps
+it), so the disagreement is also given with the ratio of the two references taken out
+(`at_reference_speed`): what is left is what the calibrations measured differently at one speed.
 """
 from __future__ import annotations
 
@@ -117,12 +123,25 @@ def compare(a, b, configs: List[Path], gpus: int, detail: bool = False) -> dict:
         top = sorted(moves.items(), key=lambda kv: -abs(kv[1]))
         rows.append({"config": cfg.name, "a_seconds": sa, "b_seconds": sb,
                      "disagreement": sb / sa - 1.0, "parts": dict(top)})
-    worst = max(rows, key=lambda r: abs(r["disagreement"]))
-    mean = sum(abs(r["disagreement"]) for r in rows) / len(rows)
-    return {"a": str(a.path), "b": str(b.path), "gpus": gpus, "rows": rows,
-            "mean_abs_disagreement": mean, "worst": {"config": worst["config"],
-                                                      "disagreement": worst["disagreement"]},
-            "within_bar": sum(abs(r["disagreement"]) <= BAR for r in rows), "bar": BAR}
+    out = {"a": str(a.path), "b": str(b.path), "gpus": gpus, "rows": rows,
+           **_agreement([r["disagreement"] for r in rows], rows)}
+    # B's machine ran at (A's reference cost / B's) of A's speed at their starts: B's
+    # predictions at A's speed are B's times that
+    from neox_perf.commands.validate import machine_speed
+    from neox_perf.profile.disturbance import reference
+    ref_b = reference(b)
+    speed = machine_speed(a, ref_b.seconds_per_loop) if ref_b else None
+    if speed:
+        at = [(1 + r["disagreement"]) * speed - 1.0 for r in rows]
+        out["at_reference_speed"] = {"b_speed_over_a": speed, **_agreement(at, rows)}
+    return out
+
+
+def _agreement(disagreements: List[float], rows: List[dict]) -> dict:
+    worst = max(range(len(rows)), key=lambda i: abs(disagreements[i]))
+    return {"mean_abs_disagreement": sum(map(abs, disagreements)) / len(rows),
+            "worst": {"config": rows[worst]["config"], "disagreement": disagreements[worst]},
+            "within_bar": sum(abs(d) <= BAR for d in disagreements), "bar": BAR}
 
 
 def render(result: dict) -> None:
@@ -144,6 +163,13 @@ def render(result: dict) -> None:
                   f"{100 * result['worst']['disagreement']:+.1f}% ({result['worst']['config']}); "
                   f"{result['within_bar']} of {len(result['rows'])} layouts within "
                   f"{100 * result['bar']:.0f}%")
+    at = result.get("at_reference_speed")
+    if at:
+        console.print(f"B's calibration started with the machine at x{at['b_speed_over_a']:.3f} A's speed "
+                      f"(their reference loops); at one speed: mean |B/A - 1| "
+                      f"{100 * at['mean_abs_disagreement']:.2f}%, worst {100 * at['worst']['disagreement']:+.1f}% "
+                      f"({at['worst']['config']}); {at['within_bar']} of {len(result['rows'])} within "
+                      f"{100 * at['bar']:.0f}%")
     totals: Dict[str, float] = {}
     for r in result["rows"]:
         for n, v in r["parts"].items():

@@ -17,6 +17,13 @@ compared on one set of measurements, never on two runs: `--compare NAME...` pred
 measured launches with more profiles, and `--measured FILE` re-predicts a saved `--json`
 output without launching anything (e.g. `--cluster local --compare local-for`).
 
+The machine's speed moves too (the same reference loop 0.73-0.92 ms within one hour here):
+`validate` times the calibration's own fixed reference before and after each launch
+(commands/validate.py), and each profile's prediction is also given scaled by the reference's
+cost at its calibration over its cost at the launch (`machine_speed`, above 1 when the machine
+ran faster than it was calibrated at): `error_at_machine_speed` is what the profile predicts
+for the machine at the speed the launch found it, beside its plain error.
+
 None of these configs shaped the quick sampling plan or the model: they were written for
 this check (sizes between the plan's grid points: d 384/640/768, l 384, vocab 16000).
 """
@@ -24,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -97,8 +105,8 @@ def main(argv=None) -> int:
             best.notes.insert(0, f"lowest median of {args.repeat} launches (medians {times} s)")
         result.results.append(best)
     elapsed = time.monotonic() - started
-    measured = [(Path(r.config[-1]), r.measured_median_seconds, r.measured_seconds)
-                for r in result.results]
+    measured = [(Path(r.config[-1]), r.measured_median_seconds, r.measured_seconds,
+                 r.reference_seconds_per_loop) for r in result.results]
     comparison = _compare([args.cluster, *args.compare], measured, args) if args.compare else None
     if args.json:
         from neox_perf.render.envelope import dump, envelope
@@ -119,31 +127,46 @@ def main(argv=None) -> int:
     return 0
 
 
+def _summary(errors, rows) -> dict:
+    worst = max(range(len(errors)), key=lambda i: abs(errors[i]))
+    return {"mape": 100 * sum(map(abs, errors)) / len(errors),
+            "mean_signed": 100 * sum(errors) / len(errors),
+            "worst": {"config": rows[worst]["config"], "error": 100 * errors[worst]}}
+
+
 def _compare(clusters, measured, args) -> dict:
     """Every profile's prediction of the same measured launches, against each launch's median
     iteration (the typical one, which predictions are for; the fastest beside it): per config
-    and in summary (mean absolute and mean signed error, worst row)."""
-    from neox_perf.commands.validate import predict
+    and in summary (mean absolute and mean signed error, worst row). Where the launches carry
+    the reference's cost now and the profile its calibration's, also at the machine's speed
+    now: the prediction times (reference now / reference at calibration)."""
+    from neox_perf.commands.validate import machine_speed, predict
     from neox_perf.prediction.predict import load_cluster
     from neox_perf.calibration.launch import cuda_available
 
     device = "cuda" if cuda_available() else "cpu"
     rows = [{"config": cfg.name, "measured_median_seconds": m, "measured_seconds": fastest,
-             "predicted": {}} for cfg, m, fastest in measured]
+             "reference_seconds_per_loop": now, "predicted": {}} for cfg, m, fastest, now in measured]
     summary = {}
     for name in clusters:
         profile = load_cluster(name)
-        errors = []
-        for row, (cfg, m, fastest) in zip(rows, measured):
+        errors, at_speed = [], []
+        for row, (cfg, m, fastest, now) in zip(rows, measured):
             p = predict([str(cfg)], args.gpus, profile, _vocab(cfg, args.vocab_size), device)
             seconds = p.estimate.iteration_seconds
-            row["predicted"][name] = {"seconds": seconds, "error": seconds / m - 1.0,
-                                      "error_fastest": seconds / fastest - 1.0}
-            errors.append(row["predicted"][name]["error"])
-        worst = max(range(len(errors)), key=lambda i: abs(errors[i]))
-        summary[name] = {"mape": 100 * sum(map(abs, errors)) / len(errors),
-                         "mean_signed": 100 * sum(errors) / len(errors),
-                         "worst": {"config": rows[worst]["config"], "error": 100 * errors[worst]}}
+            row["predicted"][name] = cell = {"seconds": seconds, "error": seconds / m - 1.0,
+                                             "error_fastest": seconds / fastest - 1.0}
+            errors.append(cell["error"])
+            speed = machine_speed(profile, now)  # > 1: faster than it was calibrated at
+            if speed:
+                cell["machine_speed"] = speed
+                cell["error_at_machine_speed"] = seconds / speed / m - 1.0
+                at_speed.append(cell["error_at_machine_speed"])
+        summary[name] = _summary(errors, rows)
+        if at_speed and len(at_speed) == len(errors):
+            summary[name]["at_machine_speed"] = _summary(at_speed, rows)
+            summary[name]["at_machine_speed"]["machine_speed_median"] = statistics.median(
+                row["predicted"][name]["machine_speed"] for row in rows)
     return {"clusters": list(clusters), "rows": rows, "summary": summary}
 
 
@@ -172,6 +195,11 @@ def _print_comparison(comparison: dict) -> None:
         s = comparison["summary"][n]
         console.print(f"{n}: MAPE {s['mape']:.2f}%, mean signed {s['mean_signed']:+.2f}%, worst "
                       f"{s['worst']['error']:+.1f}% ({s['worst']['config']})")
+        a = s.get("at_machine_speed")
+        if a:
+            console.print(f"  scaled to the machine's speed at each launch (x{a['machine_speed_median']:.3f} "
+                          f"its calibration's, median): MAPE {a['mape']:.2f}%, mean signed "
+                          f"{a['mean_signed']:+.2f}%, worst {a['worst']['error']:+.1f}% ({a['worst']['config']})")
 
 
 def measurements(data: dict) -> list:
@@ -182,7 +210,8 @@ def measurements(data: dict) -> list:
         cfg = Path(r["config"][-1])
         if not cfg.is_file():
             cfg = HERE / "validation" / cfg.name
-        out.append((cfg, r.get("measured_median_seconds", r["measured_seconds"]), r["measured_seconds"]))
+        out.append((cfg, r.get("measured_median_seconds", r["measured_seconds"]), r["measured_seconds"],
+                    r.get("reference_seconds_per_loop")))
     return out
 
 

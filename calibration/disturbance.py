@@ -237,6 +237,11 @@ class Probe:
         return (f"{self.loops} x ({GEMM_N}x{GEMM_N}x{GEMM_N} GEMM + {ELEMENTS}-element add), "
                 f"{self.dtype} on {self.device}")
 
+    def seconds_per_loop(self, readings: int = 3) -> float:
+        """The reference's own cost per loop now, the median of ``readings`` readings' work: the
+        machine's speed, comparable with a calibration's (profile.disturbance.reference)."""
+        return statistics.median(self.read("speed").work for _ in range(readings)) / self.loops
+
     def read(self, label: str, at: float = 0.0) -> Reading:
         """One untimed run, then RUNS timed ones; each statistic is the least disturbed run's,
         as a point's sample is its fastest run: a blip (one preemption, one interrupt storm)

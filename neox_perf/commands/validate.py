@@ -22,6 +22,14 @@ split of each rank's typical iteration, at the median of its times):
             predicted, the wait for the slowest stage before it)
   other     measured only: the iteration minus all of the above (schedule, data, loss
             reduction); the model has no term for it, so it is the framework overhead.
+
+A profile predicts the machine as it ran while `calibrate` timed it, and a machine's speed
+moves (a shared VM here: the calibration's reference loop 0.73-0.92 ms within one hour). Where
+the profile's calibration recorded its fixed reference (calibration/disturbance.Probe, timed at
+its start), the same reference is timed just before and just after the launch: their mean over
+the calibration's is the speed the launch found (`reference_seconds_per_loop`,
+`machine_speed`, above 1 when faster than calibrated), and `error_at_machine_speed` is the
+prediction scaled to it. `error` stays the plain comparison.
 """
 from __future__ import annotations
 
@@ -68,6 +76,10 @@ class ConfigValidation:
     extrapolated_share: float = 0.0  # of the predicted iteration, outside the sampled ranges
     # per stage: peak live bytes predicted vs measured, per component (runs/memory.stage_rows)
     memory: List[Dict[str, object]] = field(default_factory=list)
+    # the calibration's reference loop timed around the launch (seconds per loop), and the
+    # machine's speed that says against the calibration's (>1: faster); None without a reference
+    reference_seconds_per_loop: Optional[float] = None
+    machine_speed: Optional[float] = None
 
     @property
     def error(self) -> float:
@@ -78,6 +90,13 @@ class ConfigValidation:
     def error_fastest(self) -> float:
         return self.predicted_seconds / self.measured_seconds - 1.0
 
+    @property
+    def error_at_machine_speed(self) -> Optional[float]:
+        """The prediction scaled to the machine's speed during the launch, against the median."""
+        if not self.machine_speed:
+            return None
+        return self.predicted_seconds / self.machine_speed / self.measured_median_seconds - 1.0
+
     def to_dict(self) -> dict:
         return {"config": self.config, "layout": self.layout,
                 "predicted_seconds": self.predicted_seconds,
@@ -87,7 +106,8 @@ class ConfigValidation:
                 "error_against": "median", "iterations": self.iterations, "warmup": self.warmup,
                 "components": self.components, "stages": self.stages, "notes": self.notes,
                 "interval_seconds": self.interval_seconds, "coverage": self.coverage,
-                "memory": self.memory}
+                "memory": self.memory, "reference_seconds_per_loop": self.reference_seconds_per_loop,
+                "machine_speed": self.machine_speed, "error_at_machine_speed": self.error_at_machine_speed}
 
 
 @dataclass
@@ -300,6 +320,30 @@ def _layout(cfg) -> Dict[str, object]:
             "zero": t.zero_stage}
 
 
+def reference_clock(profile) -> Optional[Callable[[], float]]:
+    """A function timing the profile's calibration reference now (seconds per loop), or None for
+    a profile whose calibration recorded none (bundled profiles, descriptions, older stores)."""
+    from ..profile.disturbance import reference
+
+    ref = reference(profile)
+    if ref is None:
+        return None
+    from ..calibration.disturbance import Probe
+    try:
+        return Probe(ref.device, ref.dtype, ref.loops).seconds_per_loop
+    except Exception:  # noqa: BLE001 - its device or dtype not here: the reading is information,
+        return None    # never a reason for the validation to stop
+
+
+def machine_speed(profile, seconds_per_loop: Optional[float]) -> Optional[float]:
+    """The calibration's reference cost over ``seconds_per_loop`` (its cost now): above 1, the
+    machine runs faster than it was calibrated at."""
+    from ..profile.disturbance import reference
+
+    ref = reference(profile)
+    return ref.seconds_per_loop / seconds_per_loop if ref is not None and seconds_per_loop else None
+
+
 def validate_one(configs: Sequence[str], gpus: int, profile, iters: int,
                  vocab_size: Optional[int] = None, progress: Optional[Progress] = None,
                  workdir: Optional[Path] = None) -> ConfigValidation:
@@ -309,8 +353,11 @@ def validate_one(configs: Sequence[str], gpus: int, profile, iters: int,
     own = workdir is None
     work = Path(tempfile.mkdtemp(prefix="neox-perf-validate-")) if own else Path(workdir)
     work.mkdir(parents=True, exist_ok=True)
+    clock = reference_clock(profile)
+    before = clock() if clock else None
     run = run_workload([os.path.abspath(c) for c in configs], gpus, WARMUP_ITERATIONS + iters,
                        pred.vocab, work, progress, label)
+    now = (before + clock()) / 2 if clock else None
     per_iter = run["seconds_per_iter"][WARMUP_ITERATIONS:]
     pred_stages = predicted_stage_components(pred.estimate, pred.decomposition, profile)
     meas_stages = measured_stage_components(run["phases"], run["ranks"], WARMUP_ITERATIONS)
@@ -332,7 +379,7 @@ def validate_one(configs: Sequence[str], gpus: int, profile, iters: int,
         stages=stages, notes=list(dict.fromkeys(notes)),
         interval_seconds=list(pred.estimate.interval_seconds) if pred.estimate.interval_seconds else None,
         coverage=coverage_rows(pred.estimate), extrapolated_share=pred.estimate.extrapolated_share,
-        memory=memory)
+        memory=memory, reference_seconds_per_loop=now, machine_speed=machine_speed(profile, now))
 
 
 def measured_memory(pred: Predicted, per_rank: Dict[int, dict], device_type: str,

@@ -11,8 +11,9 @@ line. ``profile_warnings`` gives that line to check, plan, validate, report and
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence
 
 from ..errors import reading, text
 from .sections import RETRAIN, _optional, _typed, _write, mapping
@@ -122,6 +123,35 @@ def from_calibration(name: str, runs: Sequence[Mapping[str, Any]], disturbed: in
                       "--store)" if after or steps else "") + ".")
     return Disturbance(flagged, warning, samples, disturbed,
                        extra={"max_slowdown": slowdown, "runs": runs_out})
+
+
+class Reference(NamedTuple):
+    """The calibration's fixed reference, as its watch described it, and the reference's own
+    cost per loop at the calibration's start (the baseline's work: CPU time on a CPU, device time
+    on a GPU): what the machine's speed then was, to be read again later."""
+
+    loops: int
+    dtype: str
+    device: str
+    seconds_per_loop: float
+
+
+# calibration/disturbance.Probe.describe: "11 x (256x256x256 GEMM + 1048576-element add), fp32 on cpu"
+_REFERENCE = re.compile(r"^(\d+) x \(.*\), (\w+) on (\S+)$")
+
+
+def reference(profile) -> Optional[Reference]:
+    """The reference of the last watched calibration run behind ``profile`` (its manifest's
+    disturbance section), or None: a profile not made by `calibrate`, or one whose run recorded
+    no baseline."""
+    section = getattr(getattr(profile, "manifest", None), "disturbance", None)
+    for run in reversed(list((section.extra.get("runs") or ()) if section is not None else ())):
+        found = _REFERENCE.match(str(run.get("reference") or ""))
+        work = (run.get("baseline") or {}).get("work")
+        if found and isinstance(work, (int, float)) and work > 0:
+            loops = int(found.group(1))
+            return Reference(loops, found.group(2), found.group(3), float(work) / loops)
+    return None
 
 
 def profile_warnings(profile) -> List[str]:

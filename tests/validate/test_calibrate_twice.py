@@ -33,3 +33,22 @@ def test_the_parts_of_another_profile_move_its_predictions(benchmark_script, cap
     mod.render(out)
     text = capsys.readouterr().out
     assert "mean |B/A - 1|" in text and "layouts within 3%" in text
+
+
+def test_the_two_references_taken_out_leave_what_was_measured_differently(benchmark_script, tmp_path,
+                                                                          capsys):
+    from test_machine_speed import REFERENCE, _calibrated
+    # one profile, calibrated once with the reference loop at 1 ms and once at 0.8 ms: the same
+    # samples on a machine 1.25x faster at the second's start
+    a = _calibrated(tmp_path / "a", [{"run": 1, "reference": REFERENCE, "baseline": {"work": 0.010}}])
+    b = _calibrated(tmp_path / "b", [{"run": 1, "reference": REFERENCE, "baseline": {"work": 0.008}}])
+    mod, out = _compare(benchmark_script, str(a), str(b))
+    assert out["mean_abs_disagreement"] == 0.0  # identical samples
+    at = out["at_reference_speed"]
+    assert at["b_speed_over_a"] == pytest.approx(1.25)
+    # at A's speed B's predictions are 1.25x its own: the samples' speed is all they differ by
+    assert at["mean_abs_disagreement"] == pytest.approx(0.25) and at["within_bar"] == 0
+    mod.render(out)
+    assert "at x1.250 A's speed" in capsys.readouterr().out
+    _, plain = _compare(benchmark_script, "perlmutter-a100-80gb", "perlmutter-a100-80gb")
+    assert "at_reference_speed" not in plain  # no calibration of ours behind them

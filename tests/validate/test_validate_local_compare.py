@@ -72,3 +72,4 @@ def test_validate_summary_reports_the_sign_the_absolute_mean_hides():
     assert d["mean_signed_percentage_error"] == pytest.approx(10.0)
     assert d["max_absolute_percentage_error"] == pytest.approx(30.0)
     assert ValidateResult(cluster="local", gpus=2).to_dict()["mean_signed_percentage_error"] is None
+
