@@ -30,6 +30,7 @@ this check (sizes between the plan's grid points: d 384/640/768, l 384, vocab 16
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -164,9 +165,16 @@ def _compare(clusters, measured, args) -> dict:
                 at_speed.append(cell["error_at_machine_speed"])
         summary[name] = _summary(errors, rows)
         if at_speed and len(at_speed) == len(errors):
-            summary[name]["at_machine_speed"] = _summary(at_speed, rows)
-            summary[name]["at_machine_speed"]["machine_speed_median"] = statistics.median(
-                row["predicted"][name]["machine_speed"] for row in rows)
+            speeds = [row["predicted"][name]["machine_speed"] for row in rows]
+            summary[name]["at_machine_speed"] = at = _summary(at_speed, rows)
+            at["machine_speed_median"] = statistics.median(speeds)
+            # does the error follow the machine's speed? Plain, a launch that found the machine
+            # slow is predicted short; scaled, nothing should be left of that
+            if len(set(speeds)) > 2:
+                logs = [math.log(v) for v in speeds]
+                at["correlation_with_speed"] = {
+                    k: statistics.correlation(logs, [math.log1p(e) for e in es])
+                    for k, es in (("plain", errors), ("scaled", at_speed))}
     return {"clusters": list(clusters), "rows": rows, "summary": summary}
 
 
@@ -199,7 +207,10 @@ def _print_comparison(comparison: dict) -> None:
         if a:
             console.print(f"  scaled to the machine's speed at each launch (x{a['machine_speed_median']:.3f} "
                           f"its calibration's, median): MAPE {a['mape']:.2f}%, mean signed "
-                          f"{a['mean_signed']:+.2f}%, worst {a['worst']['error']:+.1f}% ({a['worst']['config']})")
+                          f"{a['mean_signed']:+.2f}%, worst {a['worst']['error']:+.1f}% ({a['worst']['config']})"
+                          + ("" if "correlation_with_speed" not in a else
+                             "; log error against log speed: correlation {plain:+.2f} plain, {scaled:+.2f} "
+                             "scaled".format(**a["correlation_with_speed"])))
 
 
 def measurements(data: dict) -> list:

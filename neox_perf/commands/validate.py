@@ -25,9 +25,9 @@ split of each rank's typical iteration, at the median of its times):
 
 A profile predicts the machine as it ran while `calibrate` timed it, and a machine's speed
 moves (a shared VM here: the calibration's reference loop 0.73-0.92 ms within one hour). Where
-the profile's calibration recorded its fixed reference (calibration/disturbance.Probe, timed at
-its start), the same reference is timed just before and just after the launch: their mean over
-the calibration's is the speed the launch found (`reference_seconds_per_loop`,
+the profile's calibration recorded its fixed reference on a CPU (calibration/disturbance.Probe,
+timed at its start), the same reference is timed just before and just after the launch: their
+mean over the calibration's is the speed the launch found (`reference_seconds_per_loop`,
 `machine_speed`, above 1 when faster than calibrated), and `error_at_machine_speed` is the
 prediction scaled to it. `error` stays the plain comparison.
 """
@@ -320,19 +320,26 @@ def _layout(cfg) -> Dict[str, object]:
             "zero": t.zero_stage}
 
 
-def reference_clock(profile) -> Optional[Callable[[], float]]:
-    """A function timing the profile's calibration reference now (seconds per loop), or None for
-    a profile whose calibration recorded none (bundled profiles, descriptions, older stores)."""
+def reference_clock(profile) -> Optional[Callable[[], Optional[float]]]:
+    """A function timing the profile's calibration reference now (seconds per loop; None when a
+    reading fails: it is information, never a reason for the validation to stop), or None for a
+    profile whose calibration recorded none (bundled profiles, descriptions, older stores) or
+    recorded it on a GPU: timing it there from this process would hold a CUDA context on the
+    device beside the ranks while they train."""
     from ..profile.disturbance import reference
 
     ref = reference(profile)
-    if ref is None:
+    if ref is None or ref.device != "cpu":
         return None
     from ..calibration.disturbance import Probe
-    try:
-        return Probe(ref.device, ref.dtype, ref.loops).seconds_per_loop
-    except Exception:  # noqa: BLE001 - its device or dtype not here: the reading is information,
-        return None    # never a reason for the validation to stop
+    probe = Probe(ref.device, ref.dtype, ref.loops)
+
+    def read() -> Optional[float]:
+        try:
+            return probe.seconds_per_loop()
+        except Exception:  # noqa: BLE001 - see above
+            return None
+    return read
 
 
 def machine_speed(profile, seconds_per_loop: Optional[float]) -> Optional[float]:
@@ -357,7 +364,8 @@ def validate_one(configs: Sequence[str], gpus: int, profile, iters: int,
     before = clock() if clock else None
     run = run_workload([os.path.abspath(c) for c in configs], gpus, WARMUP_ITERATIONS + iters,
                        pred.vocab, work, progress, label)
-    now = (before + clock()) / 2 if clock else None
+    after = clock() if clock else None
+    now = (before + after) / 2 if before and after else None
     per_iter = run["seconds_per_iter"][WARMUP_ITERATIONS:]
     pred_stages = predicted_stage_components(pred.estimate, pred.decomposition, profile)
     meas_stages = measured_stage_components(run["phases"], run["ranks"], WARMUP_ITERATIONS)

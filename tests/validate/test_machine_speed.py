@@ -74,6 +74,7 @@ def test_launches_are_also_judged_at_the_speed_the_profile_was_calibrated_at(tmp
     at = comp["summary"][str(path)]["at_machine_speed"]
     assert at["machine_speed_median"] == pytest.approx(1.25)
     assert at["mean_signed"] == pytest.approx(50 * sum(c["error_at_machine_speed"] for c in cells))
+    assert "correlation_with_speed" not in at  # two launches say nothing of a correlation
     assert script.main(["--measured", str(file), "--cluster", str(path)]) == 0
     assert "scaled to the machine's speed at each launch (x1.250" in capsys.readouterr().out
     # a file saved without the readings: no speed, the plain errors only
@@ -125,11 +126,42 @@ def test_the_text_says_the_speed_only_where_it_was_read():
     assert "speed it was calibrated at" not in text(_validation(None))
 
 
-def test_a_reference_this_machine_cannot_run_reads_nothing():
+def _with(reference):
+    return SimpleNamespace(manifest=SimpleNamespace(disturbance=SimpleNamespace(
+        extra={"runs": [{"reference": reference, "baseline": {"work": 0.01}}]})))
+
+
+def test_only_a_cpu_reference_is_timed_again_and_a_failed_reading_is_none(monkeypatch):
+    from neox_perf.calibration.disturbance import Probe
     from neox_perf.commands.validate import reference_clock
-    profile = SimpleNamespace(manifest=SimpleNamespace(disturbance=SimpleNamespace(
-        extra={"runs": [{"reference": REFERENCE.replace("on cpu", "on nodevice"), "baseline": {"work": 0.01}}]})))
-    assert reference_clock(profile) is None
-    ok = reference_clock(SimpleNamespace(manifest=SimpleNamespace(disturbance=SimpleNamespace(
-        extra={"runs": [{"reference": REFERENCE.replace("10 x", "1 x"), "baseline": {"work": 0.01}}]}))))
-    assert ok() > 0
+    # a GPU's reference would hold a CUDA context beside the training ranks: not read
+    assert reference_clock(_with(REFERENCE.replace("on cpu", "on cuda:0"))) is None
+    clock = reference_clock(_with(REFERENCE.replace("10 x", "1 x")))
+    assert clock() > 0
+
+    def broken(self, readings=3):
+        raise RuntimeError("the reference could not run")
+    monkeypatch.setattr(Probe, "seconds_per_loop", broken)
+    assert clock() is None  # the validation goes on without it
+
+
+def test_whether_the_error_follows_the_speed(tmp_path, capsys, benchmark_script):
+    import math
+    import statistics
+    path = _calibrated(tmp_path, [{"run": 1, "reference": REFERENCE, "baseline": {"work": 0.01}}])
+    names = CONFIGS + ["pp0-mp2-layernorm.yml"]
+    measured = {"results": [{"config": [n], "measured_seconds": t, "measured_median_seconds": t,
+                             "reference_seconds_per_loop": now}
+                            for n, t, now in zip(names, (2.0, 1.0, 3.0), (0.002, 0.0005, 0.001))]}
+    file = tmp_path / "measured.json"
+    file.write_text(json.dumps(measured))
+    script = benchmark_script("validate_local")
+    assert script.main(["--measured", str(file), "--cluster", str(path), "--json"]) == 0
+    comp = json.loads(capsys.readouterr().out)["comparison"]
+    cells = [row["predicted"][str(path)] for row in comp["rows"]]
+    got = comp["summary"][str(path)]["at_machine_speed"]["correlation_with_speed"]
+    logs = [math.log(c["machine_speed"]) for c in cells]
+    for key, field in (("plain", "error"), ("scaled", "error_at_machine_speed")):
+        assert got[key] == pytest.approx(statistics.correlation(logs, [math.log1p(c[field]) for c in cells]))
+    assert script.main(["--measured", str(file), "--cluster", str(path)]) == 0
+    assert "against log speed: correlation" in capsys.readouterr().out  # (wrapped at the console width)
