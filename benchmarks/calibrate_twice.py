@@ -20,7 +20,9 @@ A quiet machine can still change speed between the two (a VM on a shared host: t
 reference loop 0.92 ms at one calibration's start and 0.74 at the next's, 2026-12-05). Each
 calibration times that reference at its start (calibration/disturbance.Probe; the profile keeps
 it), so the disagreement is also given with the ratio of the two references taken out
-(`at_reference_speed`): what is left is what the calibrations measured differently at one speed.
+(`at_reference_speed`). Whether that is the calibrations' speed is what the line tests: one
+reading, at the operator step's start, after the engine step. On 2026-12-05 it took one pair from
+18.5% apart to 6.1%, and another from 13.4% to 40.8% (docs/validation.md, sitting 13).
 """
 from __future__ import annotations
 

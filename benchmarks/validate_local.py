@@ -206,7 +206,7 @@ def _print_comparison(comparison: dict) -> None:
         a = s.get("at_machine_speed")
         if a:
             console.print(f"  scaled to the machine's speed at each launch (x{a['machine_speed_median']:.3f} "
-                          f"its calibration's, median): MAPE {a['mape']:.2f}%, mean signed "
+                          f"its calibration's start, median): MAPE {a['mape']:.2f}%, mean signed "
                           f"{a['mean_signed']:+.2f}%, worst {a['worst']['error']:+.1f}% ({a['worst']['config']})"
                           + ("" if "correlation_with_speed" not in a else
                              "; log error against log speed: correlation {plain:+.2f} plain, {scaled:+.2f} "

@@ -40,7 +40,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 from .. import exitcodes
 from ..calibration.launch import (CACHING_MALLOC_ENV, CalibrationFailed, cuda_available,
@@ -52,6 +52,7 @@ WARMUP_ITERATIONS = 2
 COMPONENTS = ("forward", "backward", "tp_allreduce", "p2p", "grad_sync", "optimizer", "other")
 LAUNCH_TIMEOUT_S = 3600.0
 Progress = Callable[[float, float, str], None]
+T = TypeVar("T")
 
 
 class LaunchFailed(NeoxPerfError):
@@ -351,6 +352,16 @@ def machine_speed(profile, seconds_per_loop: Optional[float]) -> Optional[float]
     return ref.seconds_per_loop / seconds_per_loop if ref is not None and seconds_per_loop else None
 
 
+def around_launch(profile, launch: Callable[[], T]) -> Tuple[T, Optional[float]]:
+    """``launch()``'s result, and the profile's calibration reference timed just before and
+    just after it (their mean, seconds per loop; None where either was not read)."""
+    clock = reference_clock(profile)
+    before = clock() if clock else None
+    out = launch()
+    after = clock() if clock else None
+    return out, ((before + after) / 2 if before and after else None)
+
+
 def validate_one(configs: Sequence[str], gpus: int, profile, iters: int,
                  vocab_size: Optional[int] = None, progress: Optional[Progress] = None,
                  workdir: Optional[Path] = None) -> ConfigValidation:
@@ -360,12 +371,9 @@ def validate_one(configs: Sequence[str], gpus: int, profile, iters: int,
     own = workdir is None
     work = Path(tempfile.mkdtemp(prefix="neox-perf-validate-")) if own else Path(workdir)
     work.mkdir(parents=True, exist_ok=True)
-    clock = reference_clock(profile)
-    before = clock() if clock else None
-    run = run_workload([os.path.abspath(c) for c in configs], gpus, WARMUP_ITERATIONS + iters,
-                       pred.vocab, work, progress, label)
-    after = clock() if clock else None
-    now = (before + after) / 2 if before and after else None
+    run, now = around_launch(profile, lambda: run_workload(
+        [os.path.abspath(c) for c in configs], gpus, WARMUP_ITERATIONS + iters, pred.vocab, work,
+        progress, label))
     per_iter = run["seconds_per_iter"][WARMUP_ITERATIONS:]
     pred_stages = predicted_stage_components(pred.estimate, pred.decomposition, profile)
     meas_stages = measured_stage_components(run["phases"], run["ranks"], WARMUP_ITERATIONS)

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from ..errors import UsageError
-from .validate import COMPONENTS, ConfigValidation, LaunchFailed, Progress, ValidateResult
+from .validate import (COMPONENTS, ConfigValidation, LaunchFailed, Progress, ValidateResult,
+                       around_launch, machine_speed)
 
 WARMUP = 2  # iterations before the profiling window (JIT, allocator warm-up)
 WINDOW = "skip=2,warmup=1,active=2,every=100000,repeat=1"
@@ -206,8 +207,10 @@ def run_validate_neox(args, progress: Optional[Progress] = None) -> ValidateResu
     work = Path(tempfile.mkdtemp(prefix="neox-perf-validate-neox-")) if own else Path(workdir)
     work.mkdir(parents=True, exist_ok=True)
     try:
-        result.results.append(validate_neox_one(args.configs, args.gpus, args.cluster, iters,
-                                                src, work, progress))
+        one, now = around_launch(profile, lambda: validate_neox_one(
+            args.configs, args.gpus, args.cluster, iters, src, work, progress))
+        one.reference_seconds_per_loop, one.machine_speed = now, machine_speed(profile, now)
+        result.results.append(one)
     finally:
         if own:
             import shutil

@@ -122,8 +122,9 @@ def test_the_text_says_the_speed_only_where_it_was_read():
         buf = io.StringIO()
         render(ValidateResult(cluster="local", gpus=2, results=[r]), Console(file=buf, width=200))
         return buf.getvalue()
-    assert "x1.250 the speed it was calibrated at" in text(_validation(1.25)) and "-4.0%" in text(_validation(1.25))
-    assert "speed it was calibrated at" not in text(_validation(None))
+    assert "x1.250 the speed its calibration started at" in text(_validation(1.25))
+    assert "-4.0%" in text(_validation(1.25))
+    assert "speed its calibration started at" not in text(_validation(None))
 
 
 def _with(reference):
@@ -165,3 +166,17 @@ def test_whether_the_error_follows_the_speed(tmp_path, capsys, benchmark_script)
         assert got[key] == pytest.approx(statistics.correlation(logs, [math.log1p(c[field]) for c in cells]))
     assert script.main(["--measured", str(file), "--cluster", str(path)]) == 0
     assert "against log speed: correlation" in capsys.readouterr().out  # (wrapped at the console width)
+
+
+def test_the_reference_is_timed_around_the_launch_and_nothing_without_it():
+    from neox_perf.commands.validate import around_launch
+    order = []
+
+    def launch():
+        order.append("launch")
+        return "result"
+    out, now = around_launch(_with(REFERENCE.replace("10 x", "1 x")), launch)
+    assert (out, order) == ("result", ["launch"]) and now > 0
+    assert around_launch(SimpleNamespace(), launch) == ("result", None)  # no calibration of ours
+    with pytest.raises(RuntimeError):  # a failed launch is the launch's error, not the reading's
+        around_launch(_with(REFERENCE), lambda: (_ for _ in ()).throw(RuntimeError("launch failed")))
