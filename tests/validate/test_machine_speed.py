@@ -3,6 +3,7 @@
 `validate`, and the prediction scaled to it beside the plain error (commands/validate.py,
 benchmarks/validate_local.py)."""
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -54,34 +55,42 @@ def test_the_probe_describes_what_the_profile_reads_back():
     assert probe.seconds_per_loop(readings=1) > 0
 
 
-def test_launches_are_also_judged_at_the_speed_the_profile_was_calibrated_at(tmp_path, capsys,
-                                                                               benchmark_script):
+def _repredicted(tmp_path, capsys, benchmark_script, launches):
+    """validate_local --measured over saved launches [(config, median s, reference s a loop)]
+    with a profile whose calibration's reference cost 1 ms a loop: (script, argv, the
+    comparison, the profile's cell per launch)."""
     path = _calibrated(tmp_path, [{"run": 1, "reference": REFERENCE, "baseline": {"work": 0.01}}])
-    # the reference cost 2 ms a loop during the first launch (the machine at half the speed it
-    # was calibrated at) and 0.5 ms during the second (twice)
-    measured = {"results": [{"config": [name], "measured_seconds": 2.0, "measured_median_seconds": 2.0,
-                             "reference_seconds_per_loop": now}
-                            for name, now in zip(CONFIGS, (0.002, 0.0005))]}
+    measured = {"results": [{"config": [n], "measured_seconds": t, "measured_median_seconds": t,
+                             "reference_seconds_per_loop": now} for n, t, now in launches]}
     file = tmp_path / "measured.json"
     file.write_text(json.dumps(measured))
-    script = benchmark_script("validate_local")
-    assert script.main(["--measured", str(file), "--cluster", str(path), "--json"]) == 0
+    script, argv = benchmark_script("validate_local"), ["--measured", str(file), "--cluster", str(path)]
+    assert script.main(argv + ["--json"]) == 0
     comp = json.loads(capsys.readouterr().out)["comparison"]
-    cells = [row["predicted"][str(path)] for row in comp["rows"]]
+    return script, argv, comp, [row["predicted"][str(path)] for row in comp["rows"]]
+
+
+def test_launches_are_also_judged_at_the_speed_each_launch_found(tmp_path, capsys, benchmark_script):
+    # the reference cost 2 ms a loop during the first launch (the machine at half the speed its
+    # calibration started at) and 0.5 ms during the second (twice)
+    script, argv, comp, cells = _repredicted(tmp_path, capsys, benchmark_script,
+                                             [(n, 2.0, now) for n, now in zip(CONFIGS, (0.002, 0.0005))])
+    path, file = argv[3], Path(argv[1])
     assert [c["machine_speed"] for c in cells] == pytest.approx([0.5, 2.0])
     for c, speed in zip(cells, (0.5, 2.0)):
         assert c["error_at_machine_speed"] == pytest.approx(c["seconds"] / speed / 2.0 - 1.0)
-    at = comp["summary"][str(path)]["at_machine_speed"]
+    at = comp["summary"][path]["at_machine_speed"]
     assert at["machine_speed_median"] == pytest.approx(1.25)
     assert at["mean_signed"] == pytest.approx(50 * sum(c["error_at_machine_speed"] for c in cells))
     assert "correlation_with_speed" not in at  # two launches say nothing of a correlation
-    assert script.main(["--measured", str(file), "--cluster", str(path)]) == 0
+    assert script.main(argv) == 0
     assert "scaled to the machine's speed at each launch (x1.250" in capsys.readouterr().out
     # a file saved without the readings: no speed, the plain errors only
-    for r in measured["results"]:
+    saved = json.loads(file.read_text())
+    for r in saved["results"]:
         del r["reference_seconds_per_loop"]
-    file.write_text(json.dumps(measured))
-    assert script.main(["--measured", str(file), "--cluster", str(path)]) == 0
+    file.write_text(json.dumps(saved))
+    assert script.main(argv) == 0
     text = capsys.readouterr().out
     assert "MAPE" in text and "machine's speed" not in text
 
@@ -149,22 +158,14 @@ def test_only_a_cpu_reference_is_timed_again_and_a_failed_reading_is_none(monkey
 def test_whether_the_error_follows_the_speed(tmp_path, capsys, benchmark_script):
     import math
     import statistics
-    path = _calibrated(tmp_path, [{"run": 1, "reference": REFERENCE, "baseline": {"work": 0.01}}])
-    names = CONFIGS + ["pp0-mp2-layernorm.yml"]
-    measured = {"results": [{"config": [n], "measured_seconds": t, "measured_median_seconds": t,
-                             "reference_seconds_per_loop": now}
-                            for n, t, now in zip(names, (2.0, 1.0, 3.0), (0.002, 0.0005, 0.001))]}
-    file = tmp_path / "measured.json"
-    file.write_text(json.dumps(measured))
-    script = benchmark_script("validate_local")
-    assert script.main(["--measured", str(file), "--cluster", str(path), "--json"]) == 0
-    comp = json.loads(capsys.readouterr().out)["comparison"]
-    cells = [row["predicted"][str(path)] for row in comp["rows"]]
-    got = comp["summary"][str(path)]["at_machine_speed"]["correlation_with_speed"]
+    launches = zip(CONFIGS + ["pp0-mp2-layernorm.yml"], (2.0, 1.0, 3.0), (0.002, 0.0005, 0.001))
+    script, argv, comp, cells = _repredicted(tmp_path, capsys, benchmark_script, list(launches))
+    path = argv[3]
+    got = comp["summary"][path]["at_machine_speed"]["correlation_with_speed"]
     logs = [math.log(c["machine_speed"]) for c in cells]
     for key, field in (("plain", "error"), ("scaled", "error_at_machine_speed")):
         assert got[key] == pytest.approx(statistics.correlation(logs, [math.log1p(c[field]) for c in cells]))
-    assert script.main(["--measured", str(file), "--cluster", str(path)]) == 0
+    assert script.main(argv) == 0
     assert "against log speed: correlation" in capsys.readouterr().out  # (wrapped at the console width)
 
 
