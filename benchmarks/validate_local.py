@@ -20,8 +20,8 @@ output without launching anything (e.g. `--cluster local --compare local-for`).
 The machine's speed moves too (the same reference loop 0.73-0.92 ms within one hour here):
 `validate` times the calibration's own fixed reference before and after each launch
 (commands/validate.py), and each profile's prediction is also given scaled by the reference's
-cost at its calibration over its cost at the launch (`machine_speed`, above 1 when the machine
-ran faster than it was calibrated at): `error_at_machine_speed` is what the profile predicts
+cost at its calibration's start over its cost at the launch (`machine_speed`, above 1 when the
+machine ran faster than at its calibration's start): `error_at_machine_speed` is what the profile predicts
 for the machine at the speed the launch found it, beside its plain error.
 
 None of these configs shaped the quick sampling plan or the model: they were written for
@@ -141,7 +141,8 @@ def _compare(clusters, measured, args) -> dict:
     and in summary (mean absolute and mean signed error, worst row). Where the launches carry
     the reference's cost now and the profile its calibration's, also at the machine's speed
     now: the prediction times (reference now / reference at calibration)."""
-    from neox_perf.commands.validate import machine_speed, predict
+    from neox_perf.commands.validate import predict
+    from neox_perf.profile.disturbance import reference
     from neox_perf.prediction.predict import load_cluster
     from neox_perf.calibration.launch import cuda_available
 
@@ -151,6 +152,7 @@ def _compare(clusters, measured, args) -> dict:
     summary = {}
     for name in clusters:
         profile = load_cluster(name)
+        ref = reference(profile)  # the calibration's start, read from its manifest once
         errors, at_speed = [], []
         for row, (cfg, m, fastest, now) in zip(rows, measured):
             p = predict([str(cfg)], args.gpus, profile, _vocab(cfg, args.vocab_size), device)
@@ -158,7 +160,7 @@ def _compare(clusters, measured, args) -> dict:
             row["predicted"][name] = cell = {"seconds": seconds, "error": seconds / m - 1.0,
                                              "error_fastest": seconds / fastest - 1.0}
             errors.append(cell["error"])
-            speed = machine_speed(profile, now)  # > 1: faster than it was calibrated at
+            speed = ref.speed_at(now) if ref else None  # > 1: faster than at its calibration's start
             if speed:
                 cell["machine_speed"] = speed
                 cell["error_at_machine_speed"] = seconds / speed / m - 1.0

@@ -349,7 +349,7 @@ def machine_speed(profile, seconds_per_loop: Optional[float]) -> Optional[float]
     from ..profile.disturbance import reference
 
     ref = reference(profile)
-    return ref.seconds_per_loop / seconds_per_loop if ref is not None and seconds_per_loop else None
+    return ref.speed_at(seconds_per_loop) if ref is not None else None
 
 
 def around_launch(profile, launch: Callable[[], T]) -> Tuple[T, Optional[float]]:

@@ -91,7 +91,7 @@ def from_calibration(name: str, runs: Sequence[Mapping[str, Any]], disturbed: in
     slowdown = max(float(rec.get("max_slowdown") or 0.0) for _, rec in records)
     noise = [rec["baseline"]["noise"] for _, rec in records if rec.get("baseline")]
     runs_out = [{"run": r["id"], **{k: rec.get(k) for k in (
-        "reference", "baseline", "readings_taken", "max_slowdown", "max_waited", "max_drift",
+        "reference", "loops", "baseline", "readings_taken", "max_slowdown", "max_waited", "max_drift",
         "windows", "disturbed_windows", "points", "retime", "machine", "reasons", "after", "steps")
         if rec.get(k) is not None}} for r, rec in records]
     warning = None
@@ -135,8 +135,14 @@ class Reference(NamedTuple):
     device: str
     seconds_per_loop: float
 
+    def speed_at(self, seconds_per_loop: Optional[float]) -> Optional[float]:
+        """The machine's speed when the reference costs ``seconds_per_loop`` against the
+        calibration's start: above 1, faster (None without a reading)."""
+        return self.seconds_per_loop / seconds_per_loop if seconds_per_loop else None
 
-# calibration/disturbance.Probe.describe: "11 x (256x256x256 GEMM + 1048576-element add), fp32 on cpu"
+
+# calibration/disturbance.Probe.describe: "11 x (256x256x256 GEMM + 1048576-element add), fp32 on cpu";
+# the loops are also a run's own key from stop 58 on, the text's count read only where it is not
 _REFERENCE = re.compile(r"^(\d+) x \(.*\), (\w+) on (\S+)$")
 
 
@@ -149,7 +155,8 @@ def reference(profile) -> Optional[Reference]:
         found = _REFERENCE.match(str(run.get("reference") or ""))
         work = (run.get("baseline") or {}).get("work")
         if found and isinstance(work, (int, float)) and work > 0:
-            loops = int(found.group(1))
+            loops = run.get("loops")
+            loops = loops if isinstance(loops, int) and loops > 0 else int(found.group(1))
             return Reference(loops, found.group(2), found.group(3), float(work) / loops)
     return None
 

@@ -45,6 +45,18 @@ def test_the_calibration_reference_is_read_from_the_profile(tmp_path):
     assert reference(load_profile(other)) is None
 
 
+def test_the_watch_record_loops_reach_the_manifest_and_count_before_the_text():
+    from neox_perf.profile.disturbance import from_calibration, reference
+    # the watch's own "loops" (calibration/disturbance.Watch.record) is kept per run; the text's
+    # count is read only for a run recorded without it
+    record = {"reference": REFERENCE, "loops": 20, "baseline": {"work": 0.04, "noise": 0.01}}
+    section = from_calibration("local", [{"id": 7, "info": {"disturbance": record}}], 0, 100)
+    assert section.extra["runs"][0]["loops"] == 20
+    ref = reference(SimpleNamespace(manifest=SimpleNamespace(disturbance=section)))
+    assert (ref.loops, ref.seconds_per_loop) == (20, pytest.approx(0.002))
+    assert ref.speed_at(0.004) == pytest.approx(0.5) and ref.speed_at(None) is None
+
+
 def test_the_probe_describes_what_the_profile_reads_back():
     from neox_perf.calibration.disturbance import Probe
     from neox_perf.profile.disturbance import Disturbance, reference
