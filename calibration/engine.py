@@ -251,7 +251,13 @@ def pooled(old: Dict[str, object], new: Dict[str, object], zero: bool) -> Dict[s
     collectives the median, as zero_statistics)."""
     repeats = list(old["repeats"]) + list(new["repeats"])
     stats = zero_statistics(repeats) if zero else fastest(repeats)
-    return {**new, **stats, "repeats": repeats, "sweeps": sweeps_done(old) + 1}
+    out = {**new, **stats, "repeats": repeats, "sweeps": sweeps_done(old) + 1}
+    out.pop("speeds", None)
+    # a reading per sweep, or none: a sweep stored without one leaves the row as timed
+    speeds = list(old.get("speeds") or ()) + list(new.get("speeds") or ())
+    if len(speeds) == out["sweeps"]:
+        out["speeds"] = speeds
+    return out
 
 
 def _shapes_arg(shapes) -> List[str]:
@@ -419,8 +425,12 @@ def _engine_worker(path: Path, device: str, todo=ENGINE_SHAPES, peer: int = 0, p
     # every peer read the same file: the same sweeps are left for all of them (decided on what
     # the file held at the start, which only peer 0 rewrites)
     plan = sweep_plan(todo, {label: sweeps_done(row) for label, row in shapes.items()})
+    probe = _reference_probe(device) if peer == 0 else None
+    if probe is not None:
+        data["reference"] = {"description": probe.describe(), "dtype": probe.dtype, "loops": probe.loops}
     for sweep, shape, layers in plan:
         label = engine_label(shape, layers)
+        speed = _reference_reading(probe, barrier)
         if zero:
             row = _measure_zero(shape, layers, device, barrier, peers, zero)
         else:
@@ -428,6 +438,8 @@ def _engine_worker(path: Path, device: str, todo=ENGINE_SHAPES, peer: int = 0, p
             row = _measure_engine(shape, layers, device, barrier, mp=mp,
                                   world=peers if mp > 1 else 1)
         if peer == 0:
+            if speed is not None:
+                row["speeds"] = [speed]
             old = shapes.get(label)
             shapes[label] = {**row, "sweeps": 1} if old is None else pooled(old, row, bool(zero))
             tmp = path.with_suffix(".tmp")
@@ -444,6 +456,34 @@ def _engine_worker(path: Path, device: str, todo=ENGINE_SHAPES, peer: int = 0, p
         dist.barrier()
         dist.destroy_process_group()
     return 0
+
+
+# The machine's speed beside each shape-sweep: the calibration's fixed reference
+# (calibration/disturbance.Probe) read by peer 0 before the shape's sweep while the other peers
+# wait at a barrier, its cost per loop stored with the row ("speeds", one per sweep) for the
+# fit to bring the repeats to one speed (neox_perf/profile/one_speed.py). A CPU's only: on a GPU
+# the reference would run on the device the peers train on. READING_DTYPE: the CPU
+# calibration's (calibration/sweep.pick_dtype); the fit uses the readings only where the
+# operator step's reference ran in the same one.
+READING_DTYPE, READINGS = "fp32", 3
+
+
+def _reference_probe(device: str):
+    if not device.startswith("cpu"):
+        return None
+    from .disturbance import Probe
+    return Probe(device, READING_DTYPE)
+
+
+def _reference_reading(probe, barrier) -> Optional[float]:
+    """Every peer calls it (the barriers must match); peer 0, holding ``probe``, reads."""
+    if barrier.peers > 1:
+        barrier()
+    try:
+        return probe.seconds_per_loop(READINGS) if probe is not None else None
+    finally:
+        if barrier.peers > 1:
+            barrier()
 
 
 def _engine_for(keys: dict, vocab: int, device: str, world: int):

@@ -234,6 +234,7 @@ class _Measured:
 
     point: Any
     measurement: Any
+    speeds: Dict[str, Any] = field(default_factory=dict)  # a re-timed point's, as _Sweep._speeds
 
 
 class _Sweep:
@@ -286,6 +287,21 @@ class _Sweep:
                               info={"impl": m.impl, "timer": m.timer, "q1": agg.q1, "q3": agg.q3,
                                     "times": list(agg.times), **(info or {})})
 
+    def _speeds(self, m, earlier: Any = ()) -> Dict[str, Any]:
+        """The sample info's "speeds": the reference's cost per loop beside its runs, run-length
+        pairs [seconds per loop, runs] in the order of its times (``earlier``: the pairs of the
+        runs it already holds), from the reading that opened the current window (profile/
+        one_speed.py fits the times at one speed with them). Empty where there is no reading
+        to give: an unwatched run, a GPU, or earlier runs stored without one."""
+        w = self.watch
+        if w is None or w.window is None or not getattr(w.probe, "cpu", False) or earlier is None:
+            return {}
+        reading = w.window.opened_by
+        if reading.work is None or reading.work <= 0 or not w.probe.loops:
+            return {}
+        return {"speeds": [list(p) for p in earlier] + [[reading.work / w.probe.loops,
+                                                         len(m.aggregate.times)]]}
+
     def points(self, points) -> None:
         """Every sweep over ``points``: the first stores each point not yet stored, the later
         ones (every other in reverse order) time each point that still wants a sweep again and
@@ -304,7 +320,7 @@ class _Sweep:
             m = self.measure(point, 1)
             if m is None:
                 continue
-            self.store_point(point, m, replace=again, info=sweep_info)
+            self.store_point(point, m, replace=again, info={**(sweep_info or {}), **self._speeds(m)})
             if again:
                 summary.remeasured += 1
             else:
@@ -341,7 +357,8 @@ class _Sweep:
         pooled = Measurement(m.op, m.phase, m.features, m.dtype,
                              aggregate(earlier + list(m.aggregate.times)), m.impl, m.timer)
         self.store_point(point, pooled, replace=True,
-                         info={"sweeps": {"done": n, "of": self.sweeps}})
+                         info={"sweeps": {"done": n, "of": self.sweeps},
+                               **self._speeds(m, sample.info.get("speeds"))})
         s.pooled += 1
         self._watched(point, pooled)
 
@@ -377,13 +394,13 @@ class _Sweep:
                 if m is None:  # it failed this time (summary.failed says why): stays flagged
                     lost += 1
                 else:
-                    batch.append(_Measured(point, m))
+                    batch.append(_Measured(point, m, self._speeds(m)))
             window = watch.close(f"after re-timing {len(batch)} points")
             if window.disturbed:
                 todo = [b.point for b in batch] + todo
                 continue
             for b in batch:
-                self.store_point(b.point, b.measurement, replace=True, info={"retimed": True})
+                self.store_point(b.point, b.measurement, replace=True, info={"retimed": True, **b.speeds})
             done += len(batch)
         still = len(todo) + lost
         watch.points.update(retimed=done, still_flagged=still)

@@ -150,7 +150,11 @@ def reference(profile) -> Optional[Reference]:
     """The reference of the last watched calibration run behind ``profile`` (its manifest's
     disturbance section), or None: a profile not made by `calibrate`, or one whose run recorded
     no baseline."""
-    section = getattr(getattr(profile, "manifest", None), "disturbance", None)
+    return reference_of(getattr(getattr(profile, "manifest", None), "disturbance", None))
+
+
+def reference_of(section: Optional[Disturbance]) -> Optional[Reference]:
+    """``reference`` of a disturbance section itself (a profile's, or one being fitted)."""
     for run in reversed(list((section.extra.get("runs") or ()) if section is not None else ())):
         found = _REFERENCE.match(str(run.get("reference") or ""))
         work = (run.get("baseline") or {}).get("work")

@@ -125,7 +125,7 @@ class Training:
     seconds: Optional[float] = None
     extra: Mapping[str, Any] = field(default_factory=dict)  # validation, tree_input, cleaning, ...
 
-    ORDER = ("library_versions", "validation", "tree_input", "grid", "cleaning",
+    ORDER = ("library_versions", "validation", "tree_input", "one_speed", "grid", "cleaning",
              "flash_attention_causal", "seconds")
 
     @classmethod

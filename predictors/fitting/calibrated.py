@@ -63,7 +63,7 @@ def fit_store(store_path, name: str, out_dir, *, device: Optional[int] = None,
               dtype: Optional[str] = None, gpus_per_node: Optional[int] = None,
               grid=None, progress: Optional[Progress] = None,
               extra_notes: Tuple[str, ...] = (), source: Optional[str] = "calibrate",
-              blended: bool = True) -> LocalFit:
+              blended: bool = True, one_speed: Optional[bool] = None) -> LocalFit:
     """Fit every (op, phase) and collective of one device in the store; write the profile
     to ``out_dir`` (a new version swapped in whole); return it with the
     per-operator validation table. ``grid``: fit.candidates() by default. ``source``: the
@@ -71,7 +71,9 @@ def fit_store(store_path, name: str, out_dir, *, device: Optional[int] = None,
     `calibrate --from-run` merged into the store. ``blended``: each operator's trees are the
     mean of its best random forest and its best XGBoost (fit.fit_one): a profile fitted again
     from another calibration of the same machine then moves with the samples, not with which
-    of two near-equal models won (docs/validation.md, "Two calibrations of one machine")."""
+    of two near-equal models won (docs/validation.md, "Two calibrations of one machine").
+    ``one_speed``: every sample brought to the machine's speed at the calibration's start by
+    the reference readings it was timed beside (profile/one_speed.py; None: its ONE_SPEED)."""
     from neox_perf.calibration.store import SampleStore
 
     started = time.perf_counter()
@@ -84,7 +86,8 @@ def fit_store(store_path, name: str, out_dir, *, device: Optional[int] = None,
     if dtype is None and len(dtypes) == 1:
         dtype = dtypes.pop()
     disturbance = _disturbance(store_path, name, device, dtype, runs)
-    sets = training_sets(store_path, device=device, dtype=dtype, source=source)
+    nominal = _nominal(disturbance, dtype, one_speed)
+    sets = training_sets(store_path, device=device, dtype=dtype, source=source, nominal=nominal)
     facts, fact_notes = measured_facts(name, fingerprint, sets, procs)
     record = FileRecord(store_path, "store", "calibration", used_for="all", sha256=sha256_of(store_path),
                         rows=int(sum(len(ts) for ts in sets.values())))
@@ -139,6 +142,9 @@ def fit_store(store_path, name: str, out_dir, *, device: Optional[int] = None,
                            + ("; trees: the mean of the best random forest and the best XGBoost"
                               if blended else "")),
             "tree_input": "natural log of each varying feature, cast to float32; target log(seconds / baseline)",
+            # the reference's cost per loop every sample was brought to (profile/one_speed.py),
+            # which the engine terms are fitted at too; null: as timed
+            "one_speed": nominal,
             "grid": [[k, p] for k, p in (grid if grid is not None else fit.candidates())],
             "seconds": None,
         },
@@ -155,6 +161,19 @@ def fit_store(store_path, name: str, out_dir, *, device: Optional[int] = None,
     written = write_profile(out_dir, manifest, pool.members)
     dropped = {p: dict(r) for p, r in record.dropped.items() if r}
     return LocalFit(out_dir, written, table, dropped, seconds)
+
+
+def _nominal(disturbance, dtype: Optional[str], one_speed: Optional[bool]) -> Optional[float]:
+    """The reference's cost per loop at the calibration's start, which the samples are fitted
+    at (profile/one_speed.py), or None: fitted as timed (off, no watched CPU run, another dtype)."""
+    from neox_perf.profile import one_speed as speed
+    from neox_perf.profile.disturbance import reference_of
+    if not (speed.ONE_SPEED if one_speed is None else one_speed):
+        return None
+    ref = reference_of(disturbance)
+    if ref is None or ref.device != "cpu" or (dtype is not None and ref.dtype != dtype):
+        return None
+    return ref.seconds_per_loop
 
 
 def _disturbance(store_path: Path, name: str, device: int, dtype: Optional[str], runs):

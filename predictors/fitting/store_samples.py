@@ -115,13 +115,16 @@ def _collective_processes(store, device: int) -> Optional[int]:
 
 
 def training_sets(store_path, *, device: Optional[int] = None, dtype: Optional[str] = None,
-                  source: Optional[str] = None):
+                  source: Optional[str] = None, nominal: Optional[float] = None):
     """The samples as the predictors' TrainingSets, keyed by (op, phase) like load_cluster.
 
     ``file_index`` is 0 (the store) and ``line`` the sample id, so a row the cleaning drops
     can be traced back. One device and one dtype at a time: mixing two machines (or fp16
     with bf16) in one regressor would fit neither; pass device= / dtype= to choose.
+    ``nominal``: the reference's cost per loop the samples are brought to, each by the readings
+    it was timed beside (profile/one_speed.py); None: as timed.
     """
+    from neox_perf.profile.one_speed import sample_seconds
     from neox_perf.calibration.store import SampleStore, feature_names
 
     with SampleStore(store_path) as store:
@@ -138,6 +141,6 @@ def training_sets(store_path, *, device: Optional[int] = None, dtype: Optional[s
     return {(op, phase): TrainingSet(
                 op, phase, {n: np.array([s.features[n] for s in group], dtype=float)
                             for n in feature_names(op)},
-                np.array([s.seconds for s in group], dtype=float),
+                np.array([sample_seconds(s.seconds, s.info, nominal) for s in group], dtype=float),
                 np.zeros(len(group), dtype=np.int64), np.array([s.id for s in group], dtype=np.int64))
             for (op, phase), group in groups.items()}

@@ -60,6 +60,12 @@ def test_engine_worker_measures_and_resumes(tmp_path):
         assert r["arrival"] >= 0 and r["busy"] > 0
         assert abs(r["forward"] + r["backward"] - r["busy"]) <= r["arrival"] + 1e-12
     assert not any("arrival" in r for r in zero["repeats"] + tp["repeats"])
+    # the machine's speed before each shape-sweep: the calibration's reference read by peer 0
+    # (profile/one_speed.py brings each sweep's repeats to one speed with it)
+    data = json.loads(path.read_text())
+    assert data["reference"]["dtype"] == "fp32" and data["reference"]["loops"] >= 1
+    for r in (row, zero, tp):
+        assert len(r["speeds"]) == engine.ENGINE_SWEEPS and all(0 < s < 0.1 for s in r["speeds"])
     again = run_engine(path, "cpu", shapes=(TINY_SHAPE,), nproc=2)
     assert again["measured"] == 0 and again["zero"]["measured"] == 0 and again["tp"]["measured"] == 0
 

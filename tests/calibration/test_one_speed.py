@@ -1,0 +1,111 @@
+"""A calibration's times brought to one machine speed before the fit (profile/one_speed.py):
+each operator sample stores the reference readings its runs stood beside, each engine
+shape-sweep the reading before it, and the fit multiplies every time by the calibration's start
+reading over its own."""
+import itertools
+
+import pytest
+
+from neox_perf.profile import one_speed
+
+torch = pytest.importorskip("torch")
+
+from calib_helpers import FakeClock  # noqa: E402
+from test_disturbance import QUIET, FakeCpu, FakeDelay, FakeProbe  # noqa: E402
+
+
+def test_times_are_scaled_by_the_reading_beside_them_and_held_inside_the_bound():
+    # two runs beside a reading of 1.25 ms a loop, one beside 0.5 ms, the nominal 1 ms
+    assert one_speed.scaled_times([4.0, 6.0, 1.0], [[0.00125, 2], [0.0005, 1]], 0.001) == \
+        pytest.approx([3.2, 4.8, 1.5])  # x0.8 twice; x2 held at MAX_FACTOR (1.5)
+    assert one_speed.sample_seconds(1.0, {"times": [4.0, 6.0, 1.0],
+                                          "speeds": [[0.00125, 2], [0.0005, 1]]}, 0.001) == pytest.approx(1.5)
+    assert one_speed.factor(0.001, 0.01) == pytest.approx(1 / one_speed.MAX_FACTOR)
+    # what cannot be matched one for one is fitted as timed
+    for speeds in (None, [[0.002, 2]], [[0.002, 4]], [[0.0, 3]], [["x", 3]], [[0.002, 1.5], [0.001, 1.5]]):
+        assert one_speed.sample_seconds(1.0, {"times": [4.0, 6.0, 1.0], "speeds": speeds}, 0.001) == 1.0
+    assert one_speed.sample_seconds(1.0, {"times": [4.0], "speeds": [[0.002, 1]]}, None) == 1.0
+
+
+def test_an_engine_row_has_each_sweeps_repeats_at_one_speed():
+    row = {"sweeps": 2, "speeds": [0.00125, 0.001], "params": 10, "forward": 1.0,
+           "repeats": [{"forward": 2.0}, {"forward": 4.0}, {"forward": 1.0}, {"forward": 3.0}]}
+    out = one_speed.engine_row(row, 0.001)
+    assert [r["forward"] for r in out["repeats"]] == pytest.approx([1.6, 3.2, 1.0, 3.0])
+    assert out["params"] == 10 and out["forward"] == 1.0  # counts, and the timed statistics, as stored
+    assert row["repeats"][0]["forward"] == 2.0  # the file's row is not touched
+    # a sweep without a reading, another dtype, no nominal: as timed
+    assert one_speed.engine_row({**row, "speeds": [0.002]}, 0.001)["repeats"][0]["forward"] == 2.0
+    assert one_speed.engine_row(row, 0.001, "fp32", "bf16")["repeats"][0]["forward"] == 2.0
+    assert one_speed.engine_row(row, None) is row
+    data = one_speed.engine_data({"reference": {"dtype": "fp32"}, "shapes": {"a": row}, "zero": {"a": row}},
+                                 0.001, "fp32")
+    assert data["zero"]["a"]["repeats"][0]["forward"] == pytest.approx(1.6)
+    assert data["reference"] == {"dtype": "fp32"}
+
+
+def test_an_engine_shape_keeps_one_reading_per_sweep():
+    from neox_perf.calibration.engine import pooled
+    first = {"sweeps": 1, "speeds": [0.002], "repeats": [{"forward": 2.0}]}
+    both = pooled(first, {"speeds": [0.001], "repeats": [{"forward": 1.0}]}, zero=False)
+    assert both["speeds"] == [0.002, 0.001] and both["sweeps"] == 2 and both["forward"] == 1.0
+    # a sweep stored before readings: none kept, the row is fitted as timed
+    older = pooled({"sweeps": 1, "repeats": [{"forward": 2.0}]}, {"speeds": [0.001], "repeats": [{"forward": 1.0}]},
+                   zero=False)
+    assert "speeds" not in older
+
+
+class CpuProbe(FakeProbe):
+    cpu = True
+
+
+def test_every_operator_sample_stores_the_readings_beside_its_runs(tmp_path, tiny_plan, monkeypatch):
+    """Scripted readings alternating 1.0 and 1.2 (loops 7) after a quiet start: each stored
+    sample names the reading that opened its window, and the fit at the start's speed scales
+    its times by it."""
+    from neox_perf.calibration import sweep
+    from neox_perf.calibration.disturbance import Watch
+    from neox_perf.calibration.store import SampleStore
+    from neox_perf.predictors.fitting.store_samples import training_sets
+
+    def watch(device, dtype, threads):
+        probe = CpuProbe(itertools.chain([(5.0, 0.0)], ((w, 0.0) for w in QUIET),
+                                         itertools.cycle([(1.0, 0.0), (1.2, 0.0)])))
+        w = Watch(probe, delay=FakeDelay(), cpu_clock=FakeCpu(), threads=1)
+        w.begin()
+        return w
+    monkeypatch.setattr(sweep, "_watch", watch)
+    path = tmp_path / "s.sqlite"
+    sweep.calibrate(tiny_plan, path, clock=FakeClock((0.002, 0.001)), watch=True)
+    with SampleStore(path) as store:
+        samples = store.samples()
+    seen = set()
+    for s in samples:
+        speeds = s.info["speeds"]
+        assert sum(n for _, n in speeds) == len(s.info["times"])
+        seen |= {round(spl * 7, 6) for spl, _ in speeds}
+    assert seen <= {1.0, 1.2} and len(seen) == 2  # both readings stood beside some samples
+    nominal = 1.0 / 7  # the start's median work over the loops
+    as_timed = training_sets(path)
+    at_one = training_sets(path, nominal=nominal)
+    by_id = {s.id: s for s in samples}
+    for key, ts in at_one.items():
+        for line, seconds, timed in zip(ts.line, ts.seconds, as_timed[key].seconds):
+            s = by_id[int(line)]
+            factors = [nominal / spl for spl, n in s.info["speeds"] for _ in range(n)]
+            assert seconds == pytest.approx(min(t * f for t, f in zip(s.info["times"], factors)))
+            assert timed == pytest.approx(s.seconds)
+
+
+def test_the_fit_is_at_one_speed_only_where_the_calibration_read_a_cpu_reference():
+    from neox_perf.predictors.fitting.calibrated import _nominal
+    from neox_perf.profile.disturbance import Disturbance
+    run = {"reference": "10 x (256x256x256 GEMM + 1048576-element add), fp32 on cpu", "loops": 10,
+           "baseline": {"work": 0.01}}
+    section = Disturbance(False, extra={"runs": [run]})
+    assert _nominal(section, "fp32", True) == pytest.approx(0.001)
+    assert _nominal(section, "fp32", False) is None
+    assert _nominal(section, "bf16", True) is None  # the reference ran in another dtype
+    gpu = Disturbance(False, extra={"runs": [{**run, "reference": run["reference"].replace("cpu", "cuda")}]})
+    assert _nominal(gpu, "fp32", True) is None
+    assert _nominal(None, "fp32", True) is None
