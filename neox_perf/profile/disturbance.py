@@ -149,8 +149,13 @@ _REFERENCE = re.compile(r"^(\d+) x \(.*\), (\w+) on (\S+)$")
 def reference(profile) -> Optional[Reference]:
     """The reference of the last watched calibration run behind ``profile`` (its manifest's
     disturbance section), or None: a profile not made by `calibrate`, or one whose run recorded
-    no baseline."""
-    return reference_of(getattr(getattr(profile, "manifest", None), "disturbance", None))
+    no baseline. Its cost per loop is the speed the profile describes: the run's start, or for
+    a profile fitted at one speed, that one."""
+    ref = reference_of(getattr(getattr(profile, "manifest", None), "disturbance", None))
+    from .one_speed import of_profile
+    at = of_profile(profile)
+    # a profile fitted at one speed describes the machine at that one (profile/one_speed.py)
+    return ref._replace(seconds_per_loop=at.seconds_per_loop) if ref is not None and at is not None else ref
 
 
 def reference_of(section: Optional[Disturbance]) -> Optional[Reference]:

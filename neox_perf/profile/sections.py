@@ -17,6 +17,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from ..errors import ProfileError, reading, text
 from ..prediction.corrections import Interval
+from .one_speed import OneSpeed
 
 RETRAIN = ("retrain it with `python -m neox_perf.predictors.fitting.train` (a bundled profile) or "
            "`neox-perf calibrate` (your own)")
@@ -123,6 +124,7 @@ class Training:
     library_versions: Mapping[str, str] = field(default_factory=dict)
     grid: Tuple[Tuple[str, Mapping[str, Any]], ...] = ()  # (model kind, hyperparameters) tried
     seconds: Optional[float] = None
+    one_speed: Optional[OneSpeed] = None  # the speed its times were brought to (profile/one_speed.py)
     extra: Mapping[str, Any] = field(default_factory=dict)  # validation, tree_input, cleaning, ...
 
     ORDER = ("library_versions", "validation", "tree_input", "one_speed", "grid", "cleaning",
@@ -136,11 +138,15 @@ class Training:
                                                            f"{where}.library_versions").items()}
         with reading(f"{where}.grid", RETRAIN):
             grid = tuple((str(kind), dict(params)) for kind, params in data.get("grid") or ())
-        return cls(versions, grid, _optional(data, "seconds", float, where),
+        with reading(f"{where}.one_speed", RETRAIN):
+            one_speed = OneSpeed.parse(data.get("one_speed"))
+        return cls(versions, grid, _optional(data, "seconds", float, where), one_speed,
                    {k: v for k, v in data.items() if k not in _typed(cls)})
 
     def to_dict(self) -> Dict[str, Any]:
         out = _write(self, self.ORDER, always=("seconds",))
+        if self.one_speed is not None:
+            out["one_speed"] = self.one_speed.to_dict()
         out["library_versions"] = dict(self.library_versions)
         out["grid"] = [[kind, dict(params)] for kind, params in self.grid]
         return ordered(out, self.ORDER)

@@ -63,7 +63,7 @@ def fit_store(store_path, name: str, out_dir, *, device: Optional[int] = None,
               dtype: Optional[str] = None, gpus_per_node: Optional[int] = None,
               grid=None, progress: Optional[Progress] = None,
               extra_notes: Tuple[str, ...] = (), source: Optional[str] = "calibrate",
-              blended: bool = True, one_speed: Optional[bool] = None) -> LocalFit:
+              blended: bool = True, one_speed: Optional[str] = "default") -> LocalFit:
     """Fit every (op, phase) and collective of one device in the store; write the profile
     to ``out_dir`` (a new version swapped in whole); return it with the
     per-operator validation table. ``grid``: fit.candidates() by default. ``source``: the
@@ -72,8 +72,9 @@ def fit_store(store_path, name: str, out_dir, *, device: Optional[int] = None,
     mean of its best random forest and its best XGBoost (fit.fit_one): a profile fitted again
     from another calibration of the same machine then moves with the samples, not with which
     of two near-equal models won (docs/validation.md, "Two calibrations of one machine").
-    ``one_speed``: every sample brought to the machine's speed at the calibration's start by
-    the reference readings it was timed beside (profile/one_speed.py; None: its ONE_SPEED)."""
+    ``one_speed``: the samples brought to the machine's speed at the calibration's start by the
+    reference readings they were timed beside, in that mode of profile/one_speed.MODES ("default":
+    its MODE; None: as timed)."""
     from neox_perf.calibration.store import SampleStore
 
     started = time.perf_counter()
@@ -86,8 +87,8 @@ def fit_store(store_path, name: str, out_dir, *, device: Optional[int] = None,
     if dtype is None and len(dtypes) == 1:
         dtype = dtypes.pop()
     disturbance = _disturbance(store_path, name, device, dtype, runs)
-    nominal = _nominal(disturbance, dtype, one_speed)
-    sets = training_sets(store_path, device=device, dtype=dtype, source=source, nominal=nominal)
+    at = _at_one_speed(store_path, device, disturbance, dtype, one_speed)
+    sets = training_sets(store_path, device=device, dtype=dtype, source=source, at=at)
     facts, fact_notes = measured_facts(name, fingerprint, sets, procs)
     record = FileRecord(store_path, "store", "calibration", used_for="all", sha256=sha256_of(store_path),
                         rows=int(sum(len(ts) for ts in sets.values())))
@@ -142,9 +143,6 @@ def fit_store(store_path, name: str, out_dir, *, device: Optional[int] = None,
                            + ("; trees: the mean of the best random forest and the best XGBoost"
                               if blended else "")),
             "tree_input": "natural log of each varying feature, cast to float32; target log(seconds / baseline)",
-            # the reference's cost per loop every sample was brought to (profile/one_speed.py),
-            # which the engine terms are fitted at too; null: as timed
-            "one_speed": nominal,
             "grid": [[k, p] for k, p in (grid if grid is not None else fit.candidates())],
             "seconds": None,
         },
@@ -153,6 +151,8 @@ def fit_store(store_path, name: str, out_dir, *, device: Optional[int] = None,
         "collectives": collectives,
         "extrapolation": extrapolate.MARKER,
     }
+    if at is not None:  # the speed every sample was brought to, the engine terms' too
+        manifest["training"]["one_speed"] = at.to_dict()
     if disturbance is not None:
         manifest["disturbance"] = disturbance.to_dict()
     out_dir = Path(out_dir)
@@ -163,17 +163,25 @@ def fit_store(store_path, name: str, out_dir, *, device: Optional[int] = None,
     return LocalFit(out_dir, written, table, dropped, seconds)
 
 
-def _nominal(disturbance, dtype: Optional[str], one_speed: Optional[bool]) -> Optional[float]:
-    """The reference's cost per loop at the calibration's start, which the samples are fitted
-    at (profile/one_speed.py), or None: fitted as timed (off, no watched CPU run, another dtype)."""
-    from neox_perf.profile import one_speed as speed
+def _at_one_speed(store_path: Path, device: int, disturbance, dtype: Optional[str], mode: Optional[str]):
+    """The speed the samples are fitted at (profile/one_speed.OneSpeed): the median of the
+    reference readings the operator samples were timed beside -- the speed the operators, the
+    bulk of every prediction, were timed at -- and the mode; or None: fitted as timed (no mode,
+    no watched CPU run, another dtype, no readings stored)."""
+    from neox_perf.calibration.store import SampleStore
+    from neox_perf.profile import one_speed
     from neox_perf.profile.disturbance import reference_of
-    if not (speed.ONE_SPEED if one_speed is None else one_speed):
+    mode = one_speed.MODE if mode == "default" else mode
+    if mode is None:
         return None
     ref = reference_of(disturbance)
     if ref is None or ref.device != "cpu" or (dtype is not None and ref.dtype != dtype):
         return None
-    return ref.seconds_per_loop
+    with SampleStore(store_path) as store:
+        infos = [s.info for s in store.samples(device=device, source="calibrate")
+                 if dtype is None or s.dtype == dtype]
+    nominal = one_speed.step_speed(infos)
+    return one_speed.OneSpeed(nominal, mode, ref.seconds_per_loop) if nominal else None
 
 
 def _disturbance(store_path: Path, name: str, device: int, dtype: Optional[str], runs):

@@ -281,8 +281,8 @@ def fit_engine(profile, engine_path, tp_path=None, extra_rows=None,
     # the engine's repeats at the speed the profile's operator samples were fitted at (none
     # such: as timed), so that a residual is the engine's own cost, not the machine's speed
     # between the two steps (profile/one_speed.py)
-    nominal = one_speed.nominal_of(profile)
-    data = one_speed.engine_data(json.loads(Path(engine_path).read_text()), nominal,
+    at = one_speed.of_profile(profile)
+    data = one_speed.engine_data(json.loads(Path(engine_path).read_text()), at,
                                  getattr(getattr(profile.manifest, "calibration", None), "dtype", None))
     shapes = data.get("shapes", {})
     precision = None
@@ -312,8 +312,8 @@ def fit_engine(profile, engine_path, tp_path=None, extra_rows=None,
         rows.extend(more.get(name, ()))
     terms: dict = {"precision": precision, "shapes": sorted(shapes), "source": str(engine_path),
                    "statistic": statistic}
-    if nominal is not None:
-        terms["one_speed"] = nominal
+    if at is not None:
+        terms["one_speed"] = at.to_dict()
     if any(more.values()):
         terms["extra_rows"] = {k: len(v) for k, v in more.items() if v}
     table: List[FitRow] = []

@@ -115,16 +115,16 @@ def _collective_processes(store, device: int) -> Optional[int]:
 
 
 def training_sets(store_path, *, device: Optional[int] = None, dtype: Optional[str] = None,
-                  source: Optional[str] = None, nominal: Optional[float] = None):
+                  source: Optional[str] = None, at=None):
     """The samples as the predictors' TrainingSets, keyed by (op, phase) like load_cluster.
 
     ``file_index`` is 0 (the store) and ``line`` the sample id, so a row the cleaning drops
     can be traced back. One device and one dtype at a time: mixing two machines (or fp16
     with bf16) in one regressor would fit neither; pass device= / dtype= to choose.
-    ``nominal``: the reference's cost per loop the samples are brought to, each by the readings
-    it was timed beside (profile/one_speed.py); None: as timed.
+    ``at``: a profile/one_speed.OneSpeed the samples are brought to, each by the readings it
+    was timed beside or by its step's median; None: as timed.
     """
-    from neox_perf.profile.one_speed import sample_seconds
+    from neox_perf.profile.one_speed import sample_seconds, step_speed
     from neox_perf.calibration.store import SampleStore, feature_names
 
     with SampleStore(store_path) as store:
@@ -135,12 +135,14 @@ def training_sets(store_path, *, device: Optional[int] = None, dtype: Optional[s
         if len(values) > 1:
             raise ValueError(f"{store_path}: samples of several {name}s ({', '.join(map(str, sorted(values)))}); "
                              f"pass {name}= to choose one")
+    nominal = at.seconds_per_loop if at is not None else None
+    step = step_speed([s.info for s in samples]) if at is not None and at.mode == "step" else None
     groups: Dict[Tuple[str, str], list] = {}
     for s in samples:
         groups.setdefault((s.op, s.phase), []).append(s)
     return {(op, phase): TrainingSet(
                 op, phase, {n: np.array([s.features[n] for s in group], dtype=float)
                             for n in feature_names(op)},
-                np.array([sample_seconds(s.seconds, s.info, nominal) for s in group], dtype=float),
+                np.array([sample_seconds(s.seconds, s.info, nominal, step) for s in group], dtype=float),
                 np.zeros(len(group), dtype=np.int64), np.array([s.id for s in group], dtype=np.int64))
             for (op, phase), group in groups.items()}

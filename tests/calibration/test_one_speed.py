@@ -3,6 +3,7 @@ each operator sample stores the reference readings its runs stood beside, each e
 shape-sweep the reading before it, and the fit multiplies every time by the calibration's start
 reading over its own."""
 import itertools
+from types import SimpleNamespace
 
 import pytest
 
@@ -38,10 +39,16 @@ def test_an_engine_row_has_each_sweeps_repeats_at_one_speed():
     assert one_speed.engine_row({**row, "speeds": [0.002]}, 0.001)["repeats"][0]["forward"] == 2.0
     assert one_speed.engine_row(row, 0.001, "fp32", "bf16")["repeats"][0]["forward"] == 2.0
     assert one_speed.engine_row(row, None) is row
-    data = one_speed.engine_data({"reference": {"dtype": "fp32"}, "shapes": {"a": row}, "zero": {"a": row}},
-                                 0.001, "fp32")
-    assert data["zero"]["a"]["repeats"][0]["forward"] == pytest.approx(1.6)
-    assert data["reference"] == {"dtype": "fp32"}
+    data = {"reference": {"dtype": "fp32"}, "shapes": {"a": row}, "zero": {"a": row, "b": {**row, "speeds": [0.00125, 0.00125]}}}
+    each = one_speed.engine_data(data, one_speed.OneSpeed(0.001, "reading"), "fp32")
+    assert each["zero"]["a"]["repeats"][0]["forward"] == pytest.approx(1.6)
+    assert each["reference"] == {"dtype": "fp32"}
+    # "step": every sweep of a pass at the median of the pass's readings (ZeRO's 1.25 ms: x0.8;
+    # the plain pass's 1.125 ms: x0.889)
+    step = one_speed.engine_data(data, one_speed.OneSpeed(0.001, "step"), "fp32")
+    assert [r["forward"] for r in step["zero"]["a"]["repeats"]] == pytest.approx([1.6, 3.2, 0.8, 2.4])
+    assert [r["forward"] for r in step["shapes"]["a"]["repeats"]] == pytest.approx([x / 1.125 for x in (2, 4, 1, 3)])
+    assert one_speed.engine_data(data, None, "fp32") is data
 
 
 def test_an_engine_shape_keeps_one_reading_per_sweep():
@@ -59,35 +66,43 @@ class CpuProbe(FakeProbe):
     cpu = True
 
 
-def test_every_operator_sample_stores_the_readings_beside_its_runs(tmp_path, tiny_plan, monkeypatch):
-    """Scripted readings alternating 1.0 and 1.2 (loops 7) after a quiet start: each stored
-    sample names the reading that opened its window, and the fit at the start's speed scales
-    its times by it."""
+def _scripted_store(tmp_path, tiny_plan, monkeypatch):
+    """A calibration of the tiny plan whose watch reads 1.2, 1.2, 1.0, ... (loops 7) after a
+    quiet start (QUIET, median 1.0): (store path, its samples, its summary)."""
     from neox_perf.calibration import sweep
     from neox_perf.calibration.disturbance import Watch
     from neox_perf.calibration.store import SampleStore
-    from neox_perf.predictors.fitting.store_samples import training_sets
 
     def watch(device, dtype, threads):
         probe = CpuProbe(itertools.chain([(5.0, 0.0)], ((w, 0.0) for w in QUIET),
-                                         itertools.cycle([(1.0, 0.0), (1.2, 0.0)])))
+                                         itertools.cycle([(1.2, 0.0), (1.2, 0.0), (1.0, 0.0)])))
         w = Watch(probe, delay=FakeDelay(), cpu_clock=FakeCpu(), threads=1)
         w.begin()
         return w
     monkeypatch.setattr(sweep, "_watch", watch)
     path = tmp_path / "s.sqlite"
-    sweep.calibrate(tiny_plan, path, clock=FakeClock((0.002, 0.001)), watch=True)
+    summary = sweep.calibrate(tiny_plan, path, clock=FakeClock((0.002, 0.001)), watch=True)
     with SampleStore(path) as store:
-        samples = store.samples()
+        return path, store.samples(), summary
+
+
+def test_every_operator_sample_stores_the_readings_beside_its_runs(tmp_path, tiny_plan, monkeypatch):
+    """Each stored sample names the reading that opened its window, and the fit scales its
+    times by it ("reading") or by the step's median ("step")."""
+    from neox_perf.predictors.fitting.store_samples import training_sets
+    path, samples, _ = _scripted_store(tmp_path, tiny_plan, monkeypatch)
     seen = set()
     for s in samples:
         speeds = s.info["speeds"]
         assert sum(n for _, n in speeds) == len(s.info["times"])
         seen |= {round(spl * 7, 6) for spl, _ in speeds}
     assert seen <= {1.0, 1.2} and len(seen) == 2  # both readings stood beside some samples
-    nominal = 1.0 / 7  # the start's median work over the loops
+    nominal = 1.0 / 7
     as_timed = training_sets(path)
-    at_one = training_sets(path, nominal=nominal)
+    at_one = training_sets(path, at=one_speed.OneSpeed(nominal, "reading"))
+    step = one_speed.step_speed([s.info for s in samples])
+    assert step * 7 in (pytest.approx(1.0), pytest.approx(1.1), pytest.approx(1.2))
+    at_step = training_sets(path, at=one_speed.OneSpeed(nominal, "step"))
     by_id = {s.id: s for s in samples}
     for key, ts in at_one.items():
         for line, seconds, timed in zip(ts.line, ts.seconds, as_timed[key].seconds):
@@ -95,17 +110,45 @@ def test_every_operator_sample_stores_the_readings_beside_its_runs(tmp_path, tin
             factors = [nominal / spl for spl, n in s.info["speeds"] for _ in range(n)]
             assert seconds == pytest.approx(min(t * f for t, f in zip(s.info["times"], factors)))
             assert timed == pytest.approx(s.seconds)
+    for key, ts in at_step.items():  # every sample by the step's one median
+        assert ts.seconds == pytest.approx(as_timed[key].seconds * nominal / step)
 
 
-def test_the_fit_is_at_one_speed_only_where_the_calibration_read_a_cpu_reference():
-    from neox_perf.predictors.fitting.calibrated import _nominal
-    from neox_perf.profile.disturbance import Disturbance
-    run = {"reference": "10 x (256x256x256 GEMM + 1048576-element add), fp32 on cpu", "loops": 10,
-           "baseline": {"work": 0.01}}
+def test_the_fit_is_at_the_operator_steps_speed_only_where_it_read_a_cpu_reference(tmp_path, tiny_plan,
+                                                                                    monkeypatch):
+    from neox_perf.predictors.fitting.calibrated import _at_one_speed
+    from neox_perf.profile.disturbance import Disturbance, Reference, reference
+    path, samples, summary = _scripted_store(tmp_path, tiny_plan, monkeypatch)
+    run = {"reference": "7 x (256x256x256 GEMM + 1048576-element add), fp32 on cpu", "loops": 7,
+           "baseline": {"work": 1.0}}
     section = Disturbance(False, extra={"runs": [run]})
-    assert _nominal(section, "fp32", True) == pytest.approx(0.001)
-    assert _nominal(section, "fp32", False) is None
-    assert _nominal(section, "bf16", True) is None  # the reference ran in another dtype
+    step = one_speed.step_speed([s.info for s in samples])
+    at = _at_one_speed(path, summary.device_id, section, "fp32", "step")
+    # the nominal is the operator step's median reading (1.2 here), the start's (1.0) kept beside it
+    assert (at.seconds_per_loop, at.mode, at.start_seconds_per_loop) == (
+        pytest.approx(1.2 / 7), "step", pytest.approx(1.0 / 7)) and step == at.seconds_per_loop
+    assert _at_one_speed(path, summary.device_id, section, "fp32", None) is None
+    assert _at_one_speed(path, summary.device_id, section, "bf16", "step") is None  # another dtype
     gpu = Disturbance(False, extra={"runs": [{**run, "reference": run["reference"].replace("cpu", "cuda")}]})
-    assert _nominal(gpu, "fp32", True) is None
-    assert _nominal(None, "fp32", True) is None
+    assert _at_one_speed(path, summary.device_id, gpu, "fp32", "step") is None
+    assert _at_one_speed(path, summary.device_id, None, "fp32", "step") is None
+    # the speed a profile describes: its start's, or the one it was fitted at
+    manifest = SimpleNamespace(disturbance=section, training=SimpleNamespace(one_speed=None))
+    assert reference(SimpleNamespace(manifest=manifest)) == Reference(7, "fp32", "cpu", pytest.approx(1.0 / 7))
+    manifest.training.one_speed = at
+    assert reference(SimpleNamespace(manifest=manifest)).seconds_per_loop == pytest.approx(step)
+
+
+def test_the_manifest_keeps_the_speed_typed_and_names_a_broken_one():
+    from neox_perf.errors import ProfileError
+    from neox_perf.profile.sections import Training
+    at = one_speed.OneSpeed(0.001, "step", 0.0012)
+    data = {"library_versions": {}, "grid": [], "seconds": 1.0, "one_speed": at.to_dict(), "tree_input": "x"}
+    training = Training.parse(data)
+    assert training.one_speed == at and training.to_dict() == Training.parse(training.to_dict()).to_dict()
+    assert training.to_dict()["one_speed"] == at.to_dict()
+    assert Training.parse({**data, "one_speed": None}).one_speed is None
+    assert "one_speed" not in Training.parse({k: v for k, v in data.items() if k != "one_speed"}).to_dict()
+    for broken in ({"mode": "step"}, {"seconds_per_loop": 0.001, "mode": "sometimes"}, 0.001):
+        with pytest.raises(ProfileError, match="training.one_speed"):
+            Training.parse({**data, "one_speed": broken})
