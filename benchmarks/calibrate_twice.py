@@ -22,7 +22,10 @@ calibration times that reference at its start (calibration/disturbance.Probe; th
 it), so the disagreement is also given with the ratio of the two references taken out
 (`at_reference_speed`). Whether that is the calibrations' speed is what the line tests: one
 reading, at the operator step's start, after the engine step. On 2026-12-05 it took one pair from
-18.5% apart to 6.1%, and another from 13.4% to 40.8% (docs/validation.md, sitting 13).
+18.5% apart to 6.1%, and another from 13.4% to 40.8% (docs/validation.md, sitting 13). A profile
+fitted at one speed (neox_perf/profile/one_speed.py) describes the machine at its operator step's
+median reading instead, and that is the reference compared (benchmarks/one_speed.py refits a pair
+so).
 """
 from __future__ import annotations
 

@@ -1,16 +1,17 @@
-"""Two calibrations fitted again at one speed: do they agree once every time is brought to its
-calibration's start speed?
+"""Two calibrations fitted again at one speed: do they agree once every step's times are brought
+to the speed their operators were timed at?
 
     python benchmarks/one_speed.py DIR [--json]   # DIR from calibrate_twice.py --run
 
 Each store in DIR (first.sqlite, second.sqlite, with their engine and tensor-parallel files) is
 fitted again by this checkout three times, into DIR/refit-NAME-KIND: as timed, and with its
-operator samples and engine repeats brought to the speed of its calibration's start
+operator samples and engine repeats brought to the operator step's median speed
 (neox_perf/profile/one_speed.py) by the reading beside each ("reading") or by the median of
-each step's readings ("step"). Each pair is then compared as calibrate_twice.py compares
+each step's readings ("step": the operators then stay as timed, each engine pass moves). Each pair is then compared as calibrate_twice.py compares
 two profiles: their disagreement per layout, plain and with the two start readings' ratio
-taken out (`at_reference_speed`: the two profiles each describe the machine at its own start
-speed, so that ratio is all that should be left between them).
+taken out (`at_reference_speed`: each profile describes the machine at one speed -- its start,
+as timed; its operator step's median, at one speed -- so that ratio is all that should be left
+between them).
 
 Also printed per calibration: what the readings saw, against its start (median and range of
 the operator step's and of the engine step's readings), so the disagreement can be read beside
@@ -167,7 +168,7 @@ def main(argv=None) -> int:
                 f"{p['within_bar']} of {len(p['rows'])} within 3%")
         at = p.get("at_reference_speed")
         if at:
-            line += (f"; at one start speed (B x{at['b_speed_over_a']:.3f} A's): "
+            line += (f"; at one speed (B's profile at x{at['b_speed_over_a']:.3f} A's): "
                      f"{100 * at['mean_abs_disagreement']:.2f}%, worst {100 * at['worst']['disagreement']:+.1f}%, "
                      f"{at['within_bar']} within 3%")
         print(line)

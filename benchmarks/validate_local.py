@@ -20,8 +20,9 @@ output without launching anything (e.g. `--cluster local --compare local-for`).
 The machine's speed moves too (the same reference loop 0.73-0.92 ms within one hour here):
 `validate` times the calibration's own fixed reference before and after each launch
 (commands/validate.py), and each profile's prediction is also given scaled by the reference's
-cost at its calibration's start over its cost at the launch (`machine_speed`, above 1 when the
-machine ran faster than at its calibration's start): `error_at_machine_speed` is what the profile predicts
+cost at the speed the profile describes (its calibration's start; for a profile fitted at one
+speed, that speed: neox_perf/profile/one_speed.py) over its cost at the launch (`machine_speed`,
+above 1 when the machine ran faster): `error_at_machine_speed` is what the profile predicts
 for the machine at the speed the launch found it, beside its plain error.
 
 None of these configs shaped the quick sampling plan or the model: they were written for
@@ -152,7 +153,7 @@ def _compare(clusters, measured, args) -> dict:
     summary = {}
     for name in clusters:
         profile = load_cluster(name)
-        ref = reference(profile)  # the calibration's start, read from its manifest once
+        ref = reference(profile)  # the speed the profile describes, read from its manifest once
         errors, at_speed = [], []
         for row, (cfg, m, fastest, now) in zip(rows, measured):
             p = predict([str(cfg)], args.gpus, profile, _vocab(cfg, args.vocab_size), device)
@@ -160,7 +161,7 @@ def _compare(clusters, measured, args) -> dict:
             row["predicted"][name] = cell = {"seconds": seconds, "error": seconds / m - 1.0,
                                              "error_fastest": seconds / fastest - 1.0}
             errors.append(cell["error"])
-            speed = ref.speed_at(now) if ref else None  # > 1: faster than at its calibration's start
+            speed = ref.speed_at(now) if ref else None  # > 1: faster than the profile's speed
             if speed:
                 cell["machine_speed"] = speed
                 cell["error_at_machine_speed"] = seconds / speed / m - 1.0
@@ -208,7 +209,7 @@ def _print_comparison(comparison: dict) -> None:
         a = s.get("at_machine_speed")
         if a:
             console.print(f"  scaled to the machine's speed at each launch (x{a['machine_speed_median']:.3f} "
-                          f"its calibration's start, median): MAPE {a['mape']:.2f}%, mean signed "
+                          f"the speed its profile describes, median): MAPE {a['mape']:.2f}%, mean signed "
                           f"{a['mean_signed']:+.2f}%, worst {a['worst']['error']:+.1f}% ({a['worst']['config']})"
                           + ("" if "correlation_with_speed" not in a else
                              "; log error against log speed: correlation {plain:+.2f} plain, {scaled:+.2f} "

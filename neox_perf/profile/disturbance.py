@@ -127,8 +127,9 @@ def from_calibration(name: str, runs: Sequence[Mapping[str, Any]], disturbed: in
 
 class Reference(NamedTuple):
     """The calibration's fixed reference, as its watch described it, and the reference's own
-    cost per loop at the calibration's start (the baseline's work: CPU time on a CPU, device time
-    on a GPU): what the machine's speed then was, to be read again later."""
+    cost per loop at the speed the profile describes (the calibration's start, the baseline's
+    work: CPU time on a CPU, device time on a GPU; or the speed a profile fitted at one speed was
+    brought to): to be read again later."""
 
     loops: int
     dtype: str
@@ -136,8 +137,8 @@ class Reference(NamedTuple):
     seconds_per_loop: float
 
     def speed_at(self, seconds_per_loop: Optional[float]) -> Optional[float]:
-        """The machine's speed when the reference costs ``seconds_per_loop`` against the
-        calibration's start: above 1, faster (None without a reading)."""
+        """The machine's speed when the reference costs ``seconds_per_loop`` against the speed
+        the profile describes: above 1, faster (None without a reading)."""
         return self.seconds_per_loop / seconds_per_loop if seconds_per_loop else None
 
 

@@ -60,7 +60,7 @@ def render(result, console) -> None:
             console.print(Text(f"{r.config[-1].rsplit('/', 1)[-1]}: ") + line)
         if getattr(r, "machine_speed", None):
             console.print(f"{r.config[-1].rsplit('/', 1)[-1]}: the machine ran at x{r.machine_speed:.3f} the "
-                          f"speed its calibration started at (that calibration's reference loop, timed around the launch); "
+                          f"speed its profile describes (its calibration's reference loop, timed around the launch); "
                           f"scaled to that speed the prediction is {_err(r.error_at_machine_speed)}")
         for note in r.notes:
             console.print(f"note ({r.config[-1].rsplit('/', 1)[-1]}): {note}")

@@ -143,9 +143,9 @@ def test_the_text_says_the_speed_only_where_it_was_read():
         buf = io.StringIO()
         render(ValidateResult(cluster="local", gpus=2, results=[r]), Console(file=buf, width=200))
         return buf.getvalue()
-    assert "x1.250 the speed its calibration started at" in text(_validation(1.25))
+    assert "x1.250 the speed its profile describes" in text(_validation(1.25))
     assert "-4.0%" in text(_validation(1.25))
-    assert "speed its calibration started at" not in text(_validation(None))
+    assert "speed its profile describes" not in text(_validation(None))
 
 
 def _with(reference):
