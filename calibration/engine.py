@@ -472,15 +472,21 @@ def _reference_probe(device: str):
     if not device.startswith("cpu"):
         return None
     from .disturbance import Probe
-    return Probe(device, READING_DTYPE)
+    try:
+        return Probe(device, READING_DTYPE)
+    except Exception:  # noqa: BLE001 - a reading is information, never a reason to fail the step
+        return None
 
 
 def _reference_reading(probe, barrier) -> Optional[float]:
-    """Every peer calls it (the barriers must match); peer 0, holding ``probe``, reads."""
+    """Every peer calls it (the barriers must match); peer 0, holding ``probe``, reads (None:
+    no probe, or the reading failed)."""
     if barrier.peers > 1:
         barrier()
     try:
         return probe.seconds_per_loop(READINGS) if probe is not None else None
+    except Exception:  # noqa: BLE001 - see _reference_probe
+        return None
     finally:
         if barrier.peers > 1:
             barrier()

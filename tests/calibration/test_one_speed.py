@@ -152,3 +152,20 @@ def test_the_manifest_keeps_the_speed_typed_and_names_a_broken_one():
     for broken in ({"mode": "step"}, {"seconds_per_loop": 0.001, "mode": "sometimes"}, 0.001):
         with pytest.raises(ProfileError, match="training.one_speed"):
             Training.parse({**data, "one_speed": broken})
+
+
+def test_a_failed_engine_reading_is_no_reading_and_keeps_the_barriers_matched():
+    from neox_perf.calibration.engine import _reference_reading
+
+    class Barrier:
+        peers, calls = 2, 0
+
+        def __call__(self):
+            self.calls += 1
+
+    class Broken:
+        def seconds_per_loop(self, readings):
+            raise RuntimeError("no")
+    barrier = Barrier()
+    assert _reference_reading(Broken(), barrier) is None and barrier.calls == 2
+    assert _reference_reading(None, barrier) is None and barrier.calls == 4  # the other peers
