@@ -72,9 +72,9 @@ def fit_store(store_path, name: str, out_dir, *, device: Optional[int] = None,
     mean of its best random forest and its best XGBoost (fit.fit_one): a profile fitted again
     from another calibration of the same machine then moves with the samples, not with which
     of two near-equal models won (docs/validation.md, "Two calibrations of one machine").
-    ``one_speed``: the samples brought to the machine's speed at the calibration's start by the
-    reference readings they were timed beside, in that mode of profile/one_speed.MODES ("default":
-    its MODE; None: as timed)."""
+    ``one_speed``: the samples brought to the operator step's median reference reading by the
+    readings they were timed beside, in that mode of profile/one_speed.MODES ("default": its
+    MODE; None: as timed)."""
     from neox_perf.calibration.store import SampleStore
 
     started = time.perf_counter()
