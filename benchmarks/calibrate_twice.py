@@ -26,6 +26,15 @@ reading, at the operator step's start, after the engine step. On 2026-12-05 it t
 fitted at one speed (neox_perf/profile/one_speed.py) describes the machine at its operator step's
 median reading instead, and that is the reference compared (benchmarks/one_speed.py refits a pair
 so).
+
+The reference is a GEMM and an add; it has not tracked the layouts' own speed on the AMD VM
+(docs/validation.md, sittings 14-15). So `--run` also times the work itself: three witness
+layouts (WITNESSES, launched as `validate` launches them) before the first calibration, between
+the two and after the second. Each calibration's machine is the mean of the launches on either
+side of it; `at_witness_speed` is the disagreement with the ratio of those two taken out, and
+`beside` each profile's error on the launches around it. If the pair agrees at the witnesses'
+speed and each predicts the launches beside it, the calibrations are repeatable and what moved
+is the machine; if not, the calibration itself is what differs.
 """
 from __future__ import annotations
 
@@ -33,7 +42,9 @@ import argparse
 import copy
 import dataclasses
 import json
+import math
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -45,6 +56,10 @@ sys.path.insert(0, str(HERE))
 from validate_local import CONFIGS, _vocab  # noqa: E402  (the same layouts and vocabularies)
 
 BAR = 0.03  # the issue's bar: two quiet calibrations agree within 3% per layout
+# one layout of each kind the pair disagreed on (data-parallel, tensor-parallel, pipelined), each
+# about 2 s an iteration here: three launches take about two minutes
+WITNESSES = ("pp1-dp2-layernorm.yml", "pp1-mp2-rmsnorm-recompute.yml", "pp2-rmsnorm-flash-recompute.yml")
+WITNESS_ITERS = 8
 
 
 def calibrate(out_dir: Path, name: str) -> Path:
@@ -66,6 +81,58 @@ def calibrate(out_dir: Path, name: str) -> Path:
         raise SystemExit(f"calibrate {name} failed (exit {rc}); see {out_dir / (name + '.json')}")
     print(f"  {time.monotonic() - started:.0f} s", flush=True)
     return prof
+
+
+def witness(out_dir: Path, label: str, gpus: int, iters: int = WITNESS_ITERS) -> Dict[str, float]:
+    """Each witness layout trained now, for real (validate's launch, no profile needed): its
+    median iteration in seconds, by config name; kept as ``DIR/witness-LABEL.json``."""
+    from neox_perf.commands.validate import WARMUP_ITERATIONS, run_workload
+    from validate_local import VOCAB
+
+    out = {}
+    print(f"witness launches {label} (load average {os.getloadavg()[0]:.2f})", flush=True)
+    for name in WITNESSES:
+        cfg = HERE / "validation" / name
+        run = run_workload([str(cfg)], gpus, WARMUP_ITERATIONS + iters, _vocab(cfg, None) or VOCAB,
+                           out_dir / f"witness-{label}-{cfg.stem}")
+        out[name] = statistics.median(run["seconds_per_iter"][WARMUP_ITERATIONS:])
+    (out_dir / f"witness-{label}.json").write_text(json.dumps(out, indent=1) + "\n")
+    return out
+
+
+def read_witnesses(out_dir: Path) -> List[Dict[str, float]]:
+    """The launches before, between and after (``witness-0/1/2.json``); [] when absent."""
+    paths = [out_dir / f"witness-{i}.json" for i in range(3)]
+    return [json.loads(p.read_text()) for p in paths] if all(p.is_file() for p in paths) else []
+
+
+def _geomean(xs: List[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def at_witness_speed(result: dict, launches: List[Dict[str, float]]) -> dict:
+    """The pair's disagreement with the machine's own move taken out. Calibration A ran between
+    launches 0 and 1, B between 1 and 2; each one's machine is the geometric mean of the launches
+    on either side (per layout), and B ran at ``b_speed_over_a`` A's speed (above 1: faster),
+    the geometric mean over the witness layouts. ``drift`` is each calibration's after over
+    before (a speed that moved during one makes its mean a guess), ``beside`` each profile's
+    error on the witness layouts against the launches around it."""
+    before, between, after = launches
+    names = [n for n in before if n in between and n in after]
+    if not names:
+        raise ValueError("the witness launches share no layout")
+    at_a = {n: math.sqrt(before[n] * between[n]) for n in names}
+    at_b = {n: math.sqrt(between[n] * after[n]) for n in names}
+    speed = _geomean([at_a[n] / at_b[n] for n in names])
+    rows = result["rows"]
+    at = [(1 + r["disagreement"]) * speed - 1.0 for r in rows]
+    predicted = {r["config"]: (r["a_seconds"], r["b_seconds"]) for r in rows}
+    beside = {n: {"a": predicted[n][0] / at_a[n] - 1.0, "b": predicted[n][1] / at_b[n] - 1.0}
+              for n in names if n in predicted}
+    return {"b_speed_over_a": speed,
+            "drift": {"a": _geomean([between[n] / before[n] for n in names]),
+                      "b": _geomean([after[n] / between[n] for n in names])},
+            "launches": launches, "beside": beside, **_agreement(at, rows)}
 
 
 def _load(path_or_name: str):
@@ -168,6 +235,17 @@ def render(result: dict) -> None:
                   f"{100 * result['worst']['disagreement']:+.1f}% ({result['worst']['config']}); "
                   f"{result['within_bar']} of {len(result['rows'])} layouts within "
                   f"{100 * result['bar']:.0f}%")
+    wit = result.get("at_witness_speed")
+    if wit:
+        drift = wit["drift"]
+        console.print(f"the witness layouts ran x{wit['b_speed_over_a']:.3f} as fast beside B as beside A "
+                      f"(each calibration's launches after over before: A x{drift['a']:.3f}, B "
+                      f"x{drift['b']:.3f} in time); at their speed: mean |B/A - 1| "
+                      f"{100 * wit['mean_abs_disagreement']:.2f}%, worst "
+                      f"{100 * wit['worst']['disagreement']:+.1f}% ({wit['worst']['config']}); "
+                      f"{wit['within_bar']} of {len(result['rows'])} within {100 * wit['bar']:.0f}%")
+        console.print("each profile against the launches beside it: " + "; ".join(
+            f"{n} A {100 * e['a']:+.1f}% B {100 * e['b']:+.1f}%" for n, e in wit["beside"].items()))
     at = result.get("at_reference_speed")
     if at:
         console.print(f"B's calibration started with the machine at x{at['b_speed_over_a']:.3f} A's speed "
@@ -190,16 +268,34 @@ def main(argv=None) -> int:
     ap.add_argument("--gpus", type=int, default=2)
     ap.add_argument("--operators", action="store_true",
                     help="also swap each operator's model alone (which regressor moves)")
+    ap.add_argument("--no-witness", action="store_true",
+                    help="--run without the witness launches around the calibrations")
+    ap.add_argument("--witnesses", metavar="DIR",
+                    help="with two profiles: the witness-0/1/2.json a --run wrote in DIR")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    launches: List[Dict[str, float]] = []
     if args.run:
         out = Path(args.run)
-        paths = [str(calibrate(out, "first")), str(calibrate(out, "second"))]
+        if out.exists() and any(out.iterdir()):
+            ap.error(f"{out}: not empty; --run wants a fresh directory")
+        out.mkdir(parents=True, exist_ok=True)
+        witnessed = not args.no_witness
+        launches += [witness(out, "0", args.gpus)] if witnessed else []
+        paths = [str(calibrate(out, "first"))]
+        launches += [witness(out, "1", args.gpus)] if witnessed else []
+        paths.append(str(calibrate(out, "second")))
+        launches += [witness(out, "2", args.gpus)] if witnessed else []
     elif len(args.profiles) == 2:
         paths = args.profiles
+        launches = read_witnesses(Path(args.witnesses)) if args.witnesses else []
+        if args.witnesses and not launches:
+            ap.error(f"{args.witnesses}: no witness-0.json, witness-1.json and witness-2.json there")
     else:
         ap.error("give two profiles, or --run DIR")
     result = compare(_load(paths[0]), _load(paths[1]), CONFIGS, args.gpus, args.operators)
+    if launches:
+        result["at_witness_speed"] = at_witness_speed(result, launches)
     if args.json:
         sys.stdout.write(json.dumps(result, indent=1) + "\n")
     else:
