@@ -32,9 +32,12 @@ The reference is a GEMM and an add; it has not tracked the layouts' own speed on
 layouts (WITNESSES, launched as `validate` launches them) before the first calibration, between
 the two and after the second. Each calibration's machine is the mean of the launches on either
 side of it; `at_witness_speed` is the disagreement with the ratio of those two taken out, and
-`beside` each profile's error on the launches around it. If the pair agrees at the witnesses'
-speed and each predicts the launches beside it, the calibrations are repeatable and what moved
-is the machine; if not, the calibration itself is what differs.
+`beside` each profile's error on the launches around it, and `drift` how far the launches
+moved across each calibration. Where the launches held, the plain disagreement is the
+calibration's own. Where they moved, the witnesses say by how much, not how much of it a
+calibration took in: on 2026-12-07 they slowed 6% across each of two calibrations that came out
+2.7% apart, and taking the whole move out left them 3.5% apart (docs/validation.md, sittings
+16-17).
 """
 from __future__ import annotations
 
