@@ -67,12 +67,7 @@ WITNESS_ITERS = 8
 
 def calibrate(out_dir: Path, name: str) -> Path:
     """`neox-perf calibrate --quick` into a fresh store; returns the profile directory."""
-    out_dir.mkdir(parents=True, exist_ok=True)
     store, prof = out_dir / f"{name}.sqlite", out_dir / f"profile-{name}"
-    for p in (store, prof):
-        if p.exists():
-            raise SystemExit(f"{p}: exists; --run wants a fresh directory (a resumed store is not a "
-                             f"second calibration)")
     load = os.getloadavg()[0]
     print(f"calibrating {name} (load average {load:.2f})", flush=True)
     started = time.monotonic()
@@ -90,13 +85,13 @@ def witness(out_dir: Path, label: str, gpus: int, iters: int = WITNESS_ITERS) ->
     """Each witness layout trained now, for real (validate's launch, no profile needed): its
     median iteration in seconds, by config name; kept as ``DIR/witness-LABEL.json``."""
     from neox_perf.commands.validate import WARMUP_ITERATIONS, run_workload
-    from validate_local import VOCAB
 
     out = {}
     print(f"witness launches {label} (load average {os.getloadavg()[0]:.2f})", flush=True)
     for name in WITNESSES:
         cfg = HERE / "validation" / name
-        run = run_workload([str(cfg)], gpus, WARMUP_ITERATIONS + iters, _vocab(cfg, None) or VOCAB,
+        # WITNESSES name no tokenizer: _vocab gives the raw vocabulary validate_local trains at
+        run = run_workload([str(cfg)], gpus, WARMUP_ITERATIONS + iters, _vocab(cfg, None),
                            out_dir / f"witness-{label}-{cfg.stem}")
         out[name] = statistics.median(run["seconds_per_iter"][WARMUP_ITERATIONS:])
     (out_dir / f"witness-{label}.json").write_text(json.dumps(out, indent=1) + "\n")
@@ -107,10 +102,6 @@ def read_witnesses(out_dir: Path) -> List[Dict[str, float]]:
     """The launches before, between and after (``witness-0/1/2.json``); [] when absent."""
     paths = [out_dir / f"witness-{i}.json" for i in range(3)]
     return [json.loads(p.read_text()) for p in paths] if all(p.is_file() for p in paths) else []
-
-
-def _geomean(xs: List[float]) -> float:
-    return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
 def at_witness_speed(result: dict, launches: List[Dict[str, float]]) -> dict:
@@ -126,15 +117,15 @@ def at_witness_speed(result: dict, launches: List[Dict[str, float]]) -> dict:
         raise ValueError("the witness launches share no layout")
     at_a = {n: math.sqrt(before[n] * between[n]) for n in names}
     at_b = {n: math.sqrt(between[n] * after[n]) for n in names}
-    speed = _geomean([at_a[n] / at_b[n] for n in names])
+    speed = statistics.geometric_mean([at_a[n] / at_b[n] for n in names])
     rows = result["rows"]
     at = [(1 + r["disagreement"]) * speed - 1.0 for r in rows]
     predicted = {r["config"]: (r["a_seconds"], r["b_seconds"]) for r in rows}
     beside = {n: {"a": predicted[n][0] / at_a[n] - 1.0, "b": predicted[n][1] / at_b[n] - 1.0}
               for n in names if n in predicted}
     return {"b_speed_over_a": speed,
-            "drift": {"a": _geomean([between[n] / before[n] for n in names]),
-                      "b": _geomean([after[n] / between[n] for n in names])},
+            "drift": {"a": statistics.geometric_mean([between[n] / before[n] for n in names]),
+                      "b": statistics.geometric_mean([after[n] / between[n] for n in names])},
             "launches": launches, "beside": beside, **_agreement(at, rows)}
 
 
@@ -281,7 +272,8 @@ def main(argv=None) -> int:
     if args.run:
         out = Path(args.run)
         if out.exists() and any(out.iterdir()):
-            ap.error(f"{out}: not empty; --run wants a fresh directory")
+            ap.error(f"{out}: not empty; --run wants a fresh directory (a resumed store is not a "
+                     f"second calibration)")
         out.mkdir(parents=True, exist_ok=True)
         witnessed = not args.no_witness
         launches += [witness(out, "0", args.gpus)] if witnessed else []
