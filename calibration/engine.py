@@ -426,6 +426,7 @@ def _engine_worker(path: Path, device: str, todo=ENGINE_SHAPES, peer: int = 0, p
     # the file held at the start, which only peer 0 rewrites)
     plan = sweep_plan(todo, {label: sweeps_done(row) for label, row in shapes.items()})
     probe = _reference_probe(device) if peer == 0 else None
+    grids: dict = {}  # the tensor-parallel pass's groups, made once (parallel_groups)
     if probe is not None:
         data["reference"] = {"description": probe.describe(), "dtype": probe.dtype, "loops": probe.loops}
     for sweep, shape, layers in plan:
@@ -436,7 +437,7 @@ def _engine_worker(path: Path, device: str, todo=ENGINE_SHAPES, peer: int = 0, p
         else:
             # the plain pass's peers are each a world of one; the tensor-parallel pass's, one
             row = _measure_engine(shape, layers, device, barrier, mp=mp,
-                                  world=peers if mp > 1 else 1)
+                                  world=peers if mp > 1 else 1, grids=grids)
         if peer == 0:
             if speed is not None:
                 row["speeds"] = [speed]
@@ -492,12 +493,13 @@ def _reference_reading(probe, barrier) -> Optional[float]:
             barrier()
 
 
-def _engine_for(keys: dict, vocab: int, device: str, world: int):
+def _engine_for(keys: dict, vocab: int, device: str, world: int, grids: Optional[dict] = None):
     """The reference model of NeoX ``keys`` under a DeepSpeed engine on ``device``:
     (cfg, workload dims, torch device, model, trainable params, engine, device sync). With
     ``model_parallel_size`` > 1 in ``keys``, the ``world`` processes are split into
     tensor-parallel groups as workload/train.py splits them (DeepSpeed's topology, the mpu
-    handed to the engine)."""
+    handed to the engine), made once per ``grids`` (the caller's, for the life of its process
+    group: tensor_parallel.parallel_groups)."""
     import tempfile
 
     import deepspeed
@@ -517,7 +519,7 @@ def _engine_for(keys: dict, vocab: int, device: str, world: int):
     wc = dims.from_neox(cfg, vocab)
     mpu = None
     if wc.mp > 1:
-        _, _, mpu = parallel_groups(1, wc.mp, world // wc.mp, wc.fp32_allreduce, str(dev))
+        _, _, mpu = parallel_groups(1, wc.mp, world // wc.mp, wc.fp32_allreduce, str(dev), grids)
     else:
         set_tp_state(TPState(init_device=str(dev)))
     model = SequentialModel(wc, 0).to(dev)
@@ -530,7 +532,7 @@ def _engine_for(keys: dict, vocab: int, device: str, world: int):
 
 
 def _measure_engine(shape, layers: int, device: str, barrier=lambda: None, mp: int = 1,
-                    world: int = 1) -> Dict[str, object]:
+                    world: int = 1, grids: Optional[dict] = None) -> Dict[str, object]:
     """One shape's phases (the plain pass; with ``mp`` > 1 the tensor-parallel pass, where
     each rank runs its share of every layer and the layers' all-reduces run inside them)."""
     import torch
@@ -542,7 +544,7 @@ def _measure_engine(shape, layers: int, device: str, barrier=lambda: None, mp: i
     from .workload.model import cross_entropy
 
     keys, vocab = engine_keys(shape, layers, mp=mp), shape[-1]
-    cfg, wc, dev, model, params, engine, sync = _engine_for(keys, vocab, device, world)
+    cfg, wc, dev, model, params, engine, sync = _engine_for(keys, vocab, device, world, grids)
     now = time.perf_counter
     clock, marks = PhaseClock(), []
     # the tensor-parallel all-reduces' own time (inclusive in the layers: not a PhaseClock

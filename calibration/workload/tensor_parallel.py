@@ -42,13 +42,28 @@ def tp() -> TPState:
     return _STATE
 
 
-def parallel_groups(num_pp: int, mp: int, dp: int, fp32_allreduce: bool, init_device: str):
+def parallel_groups(num_pp: int, mp: int, dp: int, fp32_allreduce: bool, init_device: str,
+                    built: Optional[dict] = None):
     """(topology, grid, mpu) of a pp x mp x dp layout as DeepSpeed builds them, with this
     rank's tensor-parallel state set from the grid (the reference workload and the engine
-    calibration's tensor-parallel pass both start here)."""
-    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology, PipelineParallelGrid
-    topo = PipeModelDataParallelTopology(num_pp=num_pp, num_mp=mp, num_dp=dp)
-    grid = PipelineParallelGrid(topology=topo)
+    calibration's tensor-parallel pass both start here).
+
+    ``built``: a dict the caller keeps for as long as its process group lives, in which a
+    layout's grid is made once and found again. DeepSpeed's grid makes its groups with
+    new_group, and a gloo group's threads live until the process group ends: the engine
+    calibration's tensor-parallel pass, one engine per shape and sweep, made 20 grids and ran
+    its last shapes beside 244 threads per rank that burned 11% of a core each while idle
+    (0.8% with the grid kept; `python benchmarks/group_threads.py`), on a machine with a core
+    per rank. A training run makes its groups once."""
+    key = (num_pp, mp, dp)
+    if built is not None and key in built:
+        topo, grid = built[key]
+    else:
+        from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology, PipelineParallelGrid
+        topo = PipeModelDataParallelTopology(num_pp=num_pp, num_mp=mp, num_dp=dp)
+        grid = PipelineParallelGrid(topology=topo)
+        if built is not None:
+            built[key] = (topo, grid)
     set_tp_state(TPState(rank=grid.get_slice_parallel_rank(), world_size=mp,
                          group=grid.get_slice_parallel_group(), fp32_allreduce=fp32_allreduce,
                          init_device=init_device))
