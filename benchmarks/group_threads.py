@@ -7,9 +7,9 @@ them), twice: once building DeepSpeed's PipelineParallelGrid for mp 2 anew at ev
 that pass did for each of its 20 engines (10 shapes x 2 sweeps) before stop 60, and once keeping
 it (calibration/workload/tensor_parallel.parallel_groups, ``built``). After every few grids both
 ranks sleep for ``--idle`` seconds and rank 0 prints its thread count and the CPU time its
-process spent while asleep (utime + stime from /proc). A training run makes its groups once;
-CPU that a rank burns while idle is taken from the work beside it on a machine with as many
-cores as ranks. Linux only (/proc).
+process spent while asleep (time.process_time: user + system CPU of all its threads). A
+training run makes its groups once; CPU that a rank burns while idle is taken from the work
+beside it on a machine with as many cores as ranks. Linux only (the thread count is /proc's).
 """
 from __future__ import annotations
 
@@ -18,12 +18,6 @@ import os
 import subprocess
 import sys
 import time
-
-
-def _cpu_seconds() -> float:
-    with open("/proc/self/stat") as fh:
-        fields = fh.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _worker(grids: int, idle: float, keep: bool) -> int:
@@ -42,9 +36,9 @@ def _worker(grids: int, idle: float, keep: bool) -> int:
             parallel_groups(1, 2, dist.get_world_size() // 2, False, "cpu", built)
             made += 1
         dist.barrier()
-        before = _cpu_seconds()
+        before = time.process_time()  # the whole process's CPU, every thread
         time.sleep(idle)
-        spent = _cpu_seconds() - before
+        spent = time.process_time() - before
         if dist.get_rank() == 0:
             threads = len(os.listdir("/proc/self/task"))
             print(f"  {'kept' if keep else 'anew'}  after {mark:>2} calls: {threads:>4} threads, "
