@@ -66,17 +66,6 @@ ENGINE_WARMUP, ENGINE_REPEATS = 2, 3  # per sweep, after each sweep's fresh engi
 # machine states, so the shapes' ratios (which the layer residuals interpolate between) no
 # longer carry one block's luck.
 ENGINE_SWEEPS = 2
-# The tensor-parallel pass runs each sweep in a launch of its own. Its level is set mostly per
-# launch, not per sweep: over eleven of its passes on this project's 2-core VM (sittings 18-19
-# and seven passes run alone; `python benchmarks/engine_sweeps.py --levels FILES`) a pass's two
-# sweeps were 6.2% apart in the median where independent sweeps of that spread would be 9.5%,
-# and the passes spread 8.0% where single sweeps spread 8.4%. The two calibrations of each of
-# those sittings disagreed most on mp 2 layouts (worst -14.9% and -11.4%), where the means of
-# their plain passes' sweeps (each peer a world of one) sat within two points of each other.
-# Whatever sets the level -- where the two coupled ranks and gloo's threads land on the cores
-# -- lasts about as long as the process group: two launches are two draws of it, and the sweep
-# check (sweep_shifts) then compares them.
-SWEEP_PER_LAUNCH = ("tp",)
 
 
 def engine_path(store: Path) -> Path:
@@ -158,9 +147,7 @@ def run_engine(path: Path, device: str, progress=None, shapes=ENGINE_SHAPES,
     out = {"shapes": len(todo), "already_stored": before, "measured": plain, "processes": nproc,
            "zero": {"stage": ZERO_STAGE, "already_stored": before_zero, "measured": zero}}
     if tp_todo:
-        # one launch per sweep (SWEEP_PER_LAUNCH); a resumed pass skips what its file holds
-        tp = sum(_run_peers(path, device, nproc, _shapes_arg(tp_shapes) + ["--sweeps", str(k)],
-                            measured, zero=0, mp=TP_SIZE) for k in range(1, ENGINE_SWEEPS + 1))
+        tp = _run_peers(path, device, nproc, _shapes_arg(tp_shapes), measured, zero=0, mp=TP_SIZE)
         out["tp"] = {"size": TP_SIZE, "shapes": len(tp_todo), "already_stored": before_tp,
                      "measured": tp}
     return out
@@ -230,12 +217,9 @@ def sweep_findings(path: Path) -> List[str]:
     for section, s in sweep_shifts(data).items():
         shift = s["shift"]
         if sweep_flagged(s):
-            why = ("its level moved from one launch to the next" if section in SWEEP_PER_LAUNCH
-                   else "the machine's speed moved for a whole sweep")
-            sweep = "sweep (its own launch)" if section in SWEEP_PER_LAUNCH else "sweep"
             lines.append(f"its {_PASS_NAMES[section]} pass ran {math.exp(shift) - 1:+.0%} in its second "
-                         f"{sweep} against its first across {s['shapes']} shapes ({why}; "
-                         f"limit {SHIFT_LIMIT:.0%})")
+                         f"sweep against its first across {s['shapes']} shapes (the machine's speed "
+                         f"moved for a whole sweep; limit {SHIFT_LIMIT:.0%})")
     return lines
 
 
@@ -247,14 +231,13 @@ def sweeps_done(row) -> int:
     return int(row.get("sweeps", ENGINE_SWEEPS))
 
 
-def sweep_plan(todo, done: Dict[str, int], sweeps: int = ENGINE_SWEEPS) -> List[tuple]:
-    """The (sweep, shape, layers) a pass still measures, in order: the first ``sweeps`` of its
-    ENGINE_SWEEPS sweeps over ``todo`` (a launch of a SWEEP_PER_LAUNCH pass runs one), every
-    other one in reverse, each skipping what ``done`` (label: sweeps stored) already holds.
-    Every peer plans from the same file, read at the start (only peer 0 writes it), so all of
-    them measure the same shapes in the same order."""
+def sweep_plan(todo, done: Dict[str, int]) -> List[tuple]:
+    """The (sweep, shape, layers) a pass still measures, in order: ENGINE_SWEEPS sweeps over
+    ``todo``, every other one in reverse, each skipping what ``done`` (label: sweeps stored)
+    already holds. Every peer plans from the same file, read at the start (only peer 0 writes
+    it), so all of them measure the same shapes in the same order."""
     plan = []
-    for sweep in range(min(sweeps, ENGINE_SWEEPS)):
+    for sweep in range(ENGINE_SWEEPS):
         for shape in (tuple(todo) if sweep % 2 == 0 else tuple(reversed(tuple(todo)))):
             for layers in ENGINE_DEPTHS:
                 if done.get(engine_label(shape, layers), 0) <= sweep:
@@ -422,7 +405,7 @@ class _Barrier:
 
 
 def _engine_worker(path: Path, device: str, todo=ENGINE_SHAPES, peer: int = 0, peers: int = 1,
-                   port: int = 0, zero: int = 0, mp: int = 1, sweeps: int = ENGINE_SWEEPS) -> int:
+                   port: int = 0, zero: int = 0, mp: int = 1) -> int:
 
     import deepspeed
     import torch
@@ -441,7 +424,7 @@ def _engine_worker(path: Path, device: str, todo=ENGINE_SHAPES, peer: int = 0, p
     data["zero_processes" if zero else "tp_processes" if mp > 1 else "processes"] = peers
     # every peer read the same file: the same sweeps are left for all of them (decided on what
     # the file held at the start, which only peer 0 rewrites)
-    plan = sweep_plan(todo, {label: sweeps_done(row) for label, row in shapes.items()}, sweeps)
+    plan = sweep_plan(todo, {label: sweeps_done(row) for label, row in shapes.items()})
     probe = _reference_probe(device) if peer == 0 else None
     grids: dict = {}  # the tensor-parallel pass's groups, made once (parallel_groups)
     if probe is not None:
@@ -798,13 +781,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="ZeRO stage: the peers form one data-parallel group (the ZeRO pass)")
     parser.add_argument("--mp", type=int, default=1,
                         help="tensor-parallel group size: the peers form groups of it (the mp pass)")
-    parser.add_argument("--sweeps", type=int, default=ENGINE_SWEEPS,
-                        help="measure up to this many of the pass's sweeps (one launch per sweep: "
-                             "SWEEP_PER_LAUNCH)")
     args = parser.parse_args(argv)
     shapes = tuple(tuple(s) for s in json.loads(args.shapes)) if args.shapes else ENGINE_SHAPES
     return _engine_worker(Path(args.path), args.device, shapes, args.peer, args.peers,
-                          args.barrier_port, args.zero, args.mp, args.sweeps)
+                          args.barrier_port, args.zero, args.mp)
 
 
 if __name__ == "__main__":

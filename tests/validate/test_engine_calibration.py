@@ -128,28 +128,6 @@ def test_a_shape_is_measured_in_sweeps_the_second_reversed():
     assert engine.sweep_plan((a,), {label(a): engine.sweeps_done({"repeats": []})}) == []
 
 
-def test_the_tensor_parallel_pass_runs_each_sweep_in_a_launch_of_its_own(monkeypatch, tmp_path):
-    """The tensor-parallel pass's level is set per launch (SWEEP_PER_LAUNCH): its sweeps are two
-    launches, the first planning only the first sweep, the second the rest; the plain and ZeRO
-    passes keep one launch for both sweeps."""
-    a, b = ((128 * k, 32, 1, "layernorm", "global", 256) for k in (1, 2))
-    label = lambda s: engine.engine_label(s, engine.ENGINE_DEPTHS[0])
-    assert [(k, s) for k, s, _ in engine.sweep_plan((a, b), {}, sweeps=1)] == [(0, a), (0, b)]
-    assert [(k, s) for k, s, _ in engine.sweep_plan((a, b), {label(a): 1, label(b): 1}, sweeps=2)] == \
-        [(1, b), (1, a)]
-    assert engine.sweep_plan((a, b), {label(a): 1, label(b): 1}, sweeps=1) == []
-    launches = []
-
-    def peers(path, device, nproc, extra, measured, zero, mp=1):
-        launches.append((zero, mp, extra[extra.index("--sweeps") + 1] if "--sweeps" in extra else None))
-        return 1
-    monkeypatch.setattr(engine, "_run_peers", peers)
-    info = run_engine(tmp_path / "e.json", "cpu", shapes=(a,), nproc=2)
-    assert launches == [(0, 1, None), (engine.ZERO_STAGE, 1, None)] + \
-        [(0, engine.TP_SIZE, str(k)) for k in range(1, engine.ENGINE_SWEEPS + 1)]
-    assert info["tp"]["measured"] == engine.ENGINE_SWEEPS  # what each launch reported, summed
-
-
 def test_a_second_sweep_pools_its_repeats_into_the_row():
     first = {"forward": 0.9, "accumulate": 0.1, "params": 10, "sweeps": 1,
              "repeats": [{"forward": 0.9, "accumulate": 0.2}, {"forward": 1.0, "accumulate": 0.1}]}
@@ -256,7 +234,7 @@ def test_engine_sweeps_prints_each_pass_and_the_sign_over_files(tmp_path, capsys
 def test_engine_sweeps_levels_tell_a_pass_level_from_a_sweep_level(tmp_path, capsys, benchmark_script):
     """--levels: three files whose two sweeps agree while the files sit 20% apart print every
     file's sweeps at its own level, sweeps 0% apart, and a file's spread equal to a sweep's --
-    the mark of a level set once per pass (calibration/engine.py, SWEEP_PER_LAUNCH)."""
+    the mark of a level set once per pass, not sweep by sweep."""
     paths = []
     for name, level in (("a", 0.9), ("b", 1.0), ("c", 1.1)):
         rows = [((level * k,) * 3, (level * k,) * 3) for k in (1, 2, 3, 4)]
