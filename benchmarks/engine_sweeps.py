@@ -15,8 +15,8 @@ With --levels, across the files: each pass's level in each sweep of each file (t
 the shapes every file holds of log(the shape's median repeat in that sweep / its median over
 every sweep of every file)), and the spread of those levels sweep by sweep and file by file.
 Where a file's sweeps agree while the files spread as widely as single sweeps do, what sets
-the level lasts a whole pass, and its two sweeps are one draw of it (docs/validation.md,
-"Sitting 20").
+the level lasts a whole pass, and its two sweeps are one draw of it (docs/validation.md, "The
+tensor-parallel pass's level: per launch, or per stretch of the machine?").
 """
 from __future__ import annotations
 
