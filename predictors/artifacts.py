@@ -49,6 +49,7 @@ class Model:
         self.hi = [entry.ranges[n][1] for n in self.features]
         self.grid = {n: frozenset(vs) for n, vs in (entry.grid or {}).items()}
         self.coef = np.asarray(entry.baseline.coef, dtype=float)
+        self.causal_kernel: Optional[str] = entry.baseline.causal_kernel
         self.coef_list = [float(c) for c in self.coef]
         self.tree_columns: Tuple[int, ...] = tuple(self.features.index(n) for n in entry.tree_features)
         if entry.forest is not None:

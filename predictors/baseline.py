@@ -45,9 +45,11 @@ COLLECTIVE_TERMS = ("alpha_intra", "alpha_inter", "sec_per_byte_intra", "sec_per
 ROOFLINE_PREFERENCE = (0, 2, 1)
 
 
-def roofline_design(op: str, phase: str, features, dtype_bytes: int = opspec.FP16_BYTES) -> np.ndarray:
-    """Columns [1, FLOPs, bytes] for each query."""
-    flops = np.asarray(opspec.op_flops(op, phase, features, dtype_bytes), dtype=float)
+def roofline_design(op: str, phase: str, features, dtype_bytes: int = opspec.FP16_BYTES,
+                    causal_kernel: Optional[str] = None) -> np.ndarray:
+    """Columns [1, FLOPs, bytes] for each query (a causal operator's FLOPs as ``causal_kernel``
+    does the work: opspec.causal_work_fraction)."""
+    flops = np.asarray(opspec.op_flops(op, phase, features, dtype_bytes, causal_kernel), dtype=float)
     nbytes = np.asarray(opspec.op_bytes(op, phase, features, dtype_bytes), dtype=float)
     flops, nbytes = np.broadcast_arrays(flops, nbytes)
     return np.column_stack([np.ones(flops.size), flops.ravel(), nbytes.ravel()])

@@ -91,7 +91,7 @@ class ClusterProfile:
         else:
             c = model.coef_list
             feats = dict(zip(spec.features, values))
-            base = (c[0] + c[1] * float(opspec.op_flops(op, phase, feats))
+            base = (c[0] + c[1] * float(opspec.op_flops(op, phase, feats, causal_kernel=model.causal_kernel))
                     + c[2] * float(opspec.op_bytes(op, phase, feats)))
             reason = model.out_of_range_one(values)
             out = Prediction(base * math.exp(model.residual_one(values)), bool(reason), reason)
@@ -166,7 +166,8 @@ class ClusterProfile:
                 reasons = [f"{note}; {r}" if r else note for r in reasons]
                 extrapolated[:] = True
             return BatchPrediction(seconds, extrapolated, tuple(reasons))
-        base = baseline.evaluate(baseline.roofline_design(op, phase, feats), model.coef)
+        base = baseline.evaluate(baseline.roofline_design(op, phase, feats, causal_kernel=model.causal_kernel),
+                                 model.coef)
         log_ratio = model.residual(cols)
         reasons = model.out_of_range(cols)
         curve = self._curves.get((op, phase))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Dict, Mapping, Tuple
+from typing import Callable, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -26,17 +26,51 @@ FP32_BYTES = 4  # optimizer state and master weights stay fp32 whatever the acti
 PHASES = ("fwd", "bwd")
 OPTIMIZER_PHASE = "step"  # the optimizer has one phase; it is neither forward nor backward
 
-# Causal flash attention skips the tiles above the diagonal but computes the diagonal ones
-# whole: with n = ceil(l / tile) query tiles it runs n(n+1)/2 of the n^2 tiles, a fraction
-# (n+1)/(2n) -- 1 when l fits one tile, 3/4 at two, towards 1/2 as l grows. The tile is
-# FlashAttention-2's query block on A100/H100 (128 rows). The bundled samples are non-causal,
-# so a causal query is the non-causal prediction scaled through the FLOP term of the baseline
-# (see predictors); a local profile samples causal=1 itself (the CPU kernel's blocks differ).
+# Causal flash attention skips the blocks above the diagonal but computes the ones it enters
+# whole, so how much of the l^2 work it does depends on the kernel's blocks (causal_kernel):
+# - FLASH2_GPU (the default): FlashAttention-2's 128-row tiles on A100/H100. With
+#   n = ceil(l / tile) query tiles it runs n(n+1)/2 of the n^2 tiles, a fraction (n+1)/(2n) --
+#   1 when l fits one tile, 3/4 at two, towards 1/2 as l grows. The bundled samples are
+#   non-causal, so a causal query is the non-causal prediction scaled through the FLOP term of
+#   the baseline (see predictors).
+# - TORCH_CPU: PyTorch's CPU kernel (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp, forward
+#   and backward alike): query blocks of 256 rows from l >= 768, 64 from l >= 192, else 32; key
+#   blocks of 512; a query block at row m runs every key block that starts below
+#   min(m + its rows, l), each whole. So 1 up to l = 512 (one key block), 3/4 at 1024, 5/8 at
+#   2048, 9/16 at 4096. A CPU profile samples causal=1 itself; with the 128-row tiles in its
+#   baseline its trees carried a residual that moved with l (1.33x at 1024, 1.18x at 2048, 1.09x
+#   at 4096) and read the lengths between and past the samples wrong by up to 15% (docs/validation.md).
 CAUSAL_TILE = 128
+FLASH2_GPU = "flash2-gpu"
+TORCH_CPU = "torch-cpu"
+CAUSAL_KERNELS = (FLASH2_GPU, TORCH_CPU)
+TORCH_CPU_KV_BLOCK = 512
+TORCH_CPU_Q_BLOCKS = ((768, 256), (192, 64), (0, 32))  # (from l, query block rows)
 
 
-def causal_work_fraction(l):
-    """Share of the non-causal l^2 work a causal flash attention does (see CAUSAL_TILE)."""
+def _torch_cpu_fraction(l: int) -> float:
+    """TORCH_CPU's causal work over the non-causal l^2, by its own block loop."""
+    q = next(rows for start, rows in TORCH_CPU_Q_BLOCKS if l >= start)
+    kv = min(TORCH_CPU_KV_BLOCK, l)
+    work = 0
+    for m in range(0, l, q):
+        rows = min(q, l - m)
+        keys = min(m + rows, l)  # the last key this block needs, exclusive
+        work += rows * min(-(-keys // kv) * kv, l)  # every key block it enters, whole
+    return work / (l * l)
+
+
+def causal_work_fraction(l, kernel: str = FLASH2_GPU):
+    """Share of the non-causal l^2 work a causal flash attention does with ``kernel`` (see
+    CAUSAL_KERNELS)."""
+    if kernel == TORCH_CPU:
+        ls = np.asarray(l, dtype=float)
+        flat = ls.ravel()
+        table = {v: _torch_cpu_fraction(max(1, int(round(v)))) for v in np.unique(flat)}
+        out = np.array([table[v] for v in flat], dtype=float).reshape(ls.shape)
+        return out if out.ndim else float(out)
+    if kernel != FLASH2_GPU:
+        raise ValueError(f"unknown causal kernel {kernel!r}; known: {', '.join(CAUSAL_KERNELS)}")
     n = np.maximum(np.ceil(np.asarray(l, dtype=float) / CAUSAL_TILE), 1.0)
     return (n + 1.0) / (2.0 * n)
 
@@ -108,8 +142,19 @@ class OpSpec:
     bytes_fn: Dict[str, CostFn]
     doc: str
 
-    def flops(self, phase: str, features: Features, dtype_bytes: int = FP16_BYTES):
-        return self.flops_fn[self._phase(phase)](features, dtype_bytes)
+    def flops(self, phase: str, features: Features, dtype_bytes: int = FP16_BYTES,
+              causal_kernel: Optional[str] = None):
+        """``causal_kernel``: the kernel whose blocks a causal call's work follows
+        (causal_work_fraction), for an operator with a ``causal`` feature; default FLASH2_GPU."""
+        flops = self.flops_fn[self._phase(phase)](features, dtype_bytes)
+        if causal_kernel is None or causal_kernel == FLASH2_GPU or "causal" not in self.features:
+            return flops
+        # the formulas price FLASH2_GPU's fraction; the work is linear in it
+        causal = np.asarray(features["causal"]) > 0
+        ratio = np.where(causal, np.asarray(causal_work_fraction(features["l"], causal_kernel), dtype=float)
+                         / np.asarray(causal_work_fraction(features["l"]), dtype=float), 1.0)
+        out = np.asarray(flops, dtype=float) * ratio
+        return out if out.ndim else float(out)
 
     def bytes_moved(self, phase: str, features: Features, dtype_bytes: int = FP16_BYTES):
         return self.bytes_fn[self._phase(phase)](features, dtype_bytes)
@@ -244,8 +289,8 @@ OPS: Dict[str, OpSpec] = {
               "dropout on the [batch = b*heads per rank, l, l] attention probabilities "
               "(attention_dropout > 0 without flash attention, whose kernel applies it inside)"),
         _spec("flash_attention", ("b", "l", "heads", "head_dim", "causal"), _flash(),
-              "flash attention on [b, l, heads per rank, head_dim]; causal=1 skips the tiles above "
-              "the diagonal (causal_work_fraction: 1 at one tile, towards 1/2)"),
+              "flash attention on [b, l, heads per rank, head_dim]; causal=1 skips the blocks above "
+              "the diagonal (causal_work_fraction: 1 at one block, towards 1/2)"),
         _spec("gelu", ("tokens", "width"), _elementwise(lambda f: f["tokens"] * f["width"], 8, 16, 2, 3),
               "GeLU on [tokens, width] (GPT-NeoX: width = 4d/mp)"),
         _spec("cross_entropy", ("tokens", "vocab"),
@@ -285,8 +330,9 @@ def op_spec(op: str) -> OpSpec:
         raise ValueError(f"unknown operator {op!r}; known: {', '.join(OPERATORS)}") from None
 
 
-def op_flops(op: str, phase: str, features: Features, dtype_bytes: int = FP16_BYTES):
-    return op_spec(op).flops(phase, features, dtype_bytes)
+def op_flops(op: str, phase: str, features: Features, dtype_bytes: int = FP16_BYTES,
+             causal_kernel: Optional[str] = None):
+    return op_spec(op).flops(phase, features, dtype_bytes, causal_kernel)
 
 
 def op_bytes(op: str, phase: str, features: Features, dtype_bytes: int = FP16_BYTES):

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from ..errors import reading, text
+from ..prediction.opspec import CAUSAL_KERNELS
 from .sections import RETRAIN, mapping, ordered
 
 
@@ -56,6 +57,12 @@ class Baseline:
 
     ORDER = ("form", "terms", "coef", "nic_lanes", "lower_bounds", "at_lower_bound", "achieved_tflops",
              "achieved_gbps", "intra_peer_link_gbps", "inter_per_nic_gbps")
+
+    @property
+    def causal_kernel(self) -> Optional[str]:
+        """The kernel whose blocks the baseline priced a causal call's work with
+        (opspec.causal_work_fraction); None: the default, FlashAttention-2's tiles."""
+        return self.extra.get("causal_kernel")
 
     def coefficient(self, term: str, default: float = 0.0) -> float:
         return dict(zip(self.terms, self.coef)).get(term, default)
@@ -126,6 +133,9 @@ class ModelEntry:
             b = mapping(data["baseline"], f"{where}.baseline")
             baseline = Baseline(tuple(text(t) for t in b["terms"]), tuple(float(c) for c in b["coef"]),
                                 {k: v for k, v in b.items() if k not in ("terms", "coef")})
+            if baseline.causal_kernel is not None and baseline.causal_kernel not in CAUSAL_KERNELS:
+                raise ValueError(f"causal_kernel {baseline.causal_kernel!r} is not one of "
+                                 f"{', '.join(CAUSAL_KERNELS)}")
         forest = None
         if data.get("forest") is not None:
             with reading(f"{where}.forest", RETRAIN):

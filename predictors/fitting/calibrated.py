@@ -18,6 +18,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from neox_perf.prediction import opspec
 from neox_perf.profile.manifest import SCHEMA, SCHEMA_VERSION, Manifest
 from neox_perf.profile.sections import ArraysRef
 
@@ -88,7 +89,11 @@ def fit_store(store_path, name: str, out_dir, *, device: Optional[int] = None,
         dtype = dtypes.pop()
     disturbance = _disturbance(store_path, name, device, dtype, runs)
     at = _at_one_speed(store_path, device, disturbance, dtype, one_speed)
-    sets = training_sets(store_path, device=device, dtype=dtype, source=source, at=at)
+    # a CPU calibration's causal attention ran PyTorch's CPU kernel, whose blocks skip less than
+    # FlashAttention-2's (opspec.TORCH_CPU)
+    kernel = opspec.TORCH_CPU if fingerprint.get("kind") == "cpu" else None
+    sets = training_sets(store_path, device=device, dtype=dtype, source=source, at=at,
+                         causal_kernel=kernel)
     facts, fact_notes = measured_facts(name, fingerprint, sets, procs)
     record = FileRecord(store_path, "store", "calibration", used_for="all", sha256=sha256_of(store_path),
                         rows=int(sum(len(ts) for ts in sets.values())))
@@ -187,7 +192,6 @@ def _at_one_speed(store_path: Path, device: int, disturbance, dtype: Optional[st
 def _disturbance(store_path: Path, name: str, device: int, dtype: Optional[str], runs):
     """The profile's `disturbance` section from the store: the calibration runs' records and
     the operator samples still flagged as timed while the machine was disturbed."""
-    from neox_perf.prediction import opspec
     from neox_perf.calibration.store import SampleStore
     from neox_perf.profile.disturbance import from_calibration
     with SampleStore(store_path) as store:
@@ -208,7 +212,8 @@ def add_efficiency_curves(operators: Dict[str, Dict[str, dict]], sets) -> None:
             continue
         names = entry["features"]
         feats = {n: np.asarray(ts.features[n], dtype=float) for n in names}
-        base = baseline.evaluate(baseline.roofline_design(op, phase, feats),
+        base = baseline.evaluate(baseline.roofline_design(op, phase, feats,
+                                                          causal_kernel=entry["baseline"].get("causal_kernel")),
                                  np.asarray(entry["baseline"]["coef"], dtype=float))
         ok = (base > 0) & (ts.seconds > 0)
         if ok.sum() < 3:

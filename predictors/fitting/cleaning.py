@@ -115,7 +115,7 @@ def implied_fractions(ts: TrainingSet, facts: ClusterFacts) -> Tuple[np.ndarray,
         link = np.where(f["nodes"] <= 1, facts.intra_node_link.bandwidth_gbps,
                         facts.inter_node_link.bandwidth_gbps) * 1e9
         return wire / ts.seconds / link, LINK_SLACK
-    flops = opspec.op_flops(ts.op, ts.phase, ts.features) / ts.seconds
+    flops = opspec.op_flops(ts.op, ts.phase, ts.features, causal_kernel=ts.causal_kernel) / ts.seconds
     nbytes = opspec.op_bytes(ts.op, ts.phase, ts.features) / ts.seconds
     return np.maximum(flops / (FLOP_SLACK * facts.peak_fp16_tflops * 1e12),
                       nbytes / (BYTE_SLACK * facts.hbm_bandwidth_gbps * 1e9)), 1.0
@@ -135,7 +135,7 @@ def beyond_nominal(ts: TrainingSet, facts: ClusterFacts) -> np.ndarray:
     if ts.phase == COLLECTIVE_PHASE:
         return implied_fractions(ts, facts)[0] > 1.0
     nbytes = opspec.op_bytes(ts.op, ts.phase, ts.features) / ts.seconds
-    flops = opspec.op_flops(ts.op, ts.phase, ts.features) / ts.seconds
+    flops = opspec.op_flops(ts.op, ts.phase, ts.features, causal_kernel=ts.causal_kernel) / ts.seconds
     return (nbytes > facts.hbm_bandwidth_gbps * 1e9) | (flops > facts.peak_fp16_tflops * 1e12)
 
 
@@ -152,7 +152,8 @@ def cap_to_achievable(ts: TrainingSet, facts: ClusterFacts,
     rate = achievable_tflops(facts, precision)
     if rate is None or ts.phase == COLLECTIVE_PHASE or len(ts) == 0:
         return ts, np.zeros(len(ts), dtype=bool)
-    floor = np.asarray(opspec.op_flops(ts.op, ts.phase, ts.features), dtype=float) / (rate.tflops * 1e12)
+    floor = np.asarray(opspec.op_flops(ts.op, ts.phase, ts.features, causal_kernel=ts.causal_kernel),
+                       dtype=float) / (rate.tflops * 1e12)
     over = ts.seconds < floor
     if not over.any():
         return ts, over
@@ -164,7 +165,7 @@ def baseline_design(ts: TrainingSet, facts: ClusterFacts) -> np.ndarray:
         f = ts.features
         return baseline.collective_design(ts.op, f["elements"], f["nodes"], f["gpus_per_node"],
                                           facts.inter_node_link.lanes)
-    return baseline.roofline_design(ts.op, ts.phase, ts.features)
+    return baseline.roofline_design(ts.op, ts.phase, ts.features, causal_kernel=ts.causal_kernel)
 
 
 def baseline_limits(ts: TrainingSet, facts: ClusterFacts):

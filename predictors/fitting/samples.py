@@ -189,6 +189,9 @@ class TrainingSet:
     file_index: np.ndarray  # index into the list of FileRecords
     line: np.ndarray  # 1-based line in that file
     raw: Dict[str, np.ndarray] = field(default_factory=dict)  # the sample's own columns (mp, b, l, ...)
+    # the kernel whose blocks a causal sample's work follows (opspec.causal_work_fraction):
+    # None for the default (FlashAttention-2 on a GPU), opspec.TORCH_CPU for a CPU calibration
+    causal_kernel: Optional[str] = None
 
     def __len__(self) -> int:
         return len(self.seconds)
@@ -196,7 +199,7 @@ class TrainingSet:
     def subset(self, mask: np.ndarray) -> "TrainingSet":
         return TrainingSet(self.op, self.phase, {k: v[mask] for k, v in self.features.items()},
                            self.seconds[mask], self.file_index[mask], self.line[mask],
-                           {k: v[mask] for k, v in self.raw.items()})
+                           {k: v[mask] for k, v in self.raw.items()}, self.causal_kernel)
 
 
 _OP_FILE = re.compile(r"^(?P<gpu>[^_]+)_(?P<op>.+)_fp16\.csv$")

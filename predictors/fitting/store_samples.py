@@ -115,14 +115,15 @@ def _collective_processes(store, device: int) -> Optional[int]:
 
 
 def training_sets(store_path, *, device: Optional[int] = None, dtype: Optional[str] = None,
-                  source: Optional[str] = None, at=None):
+                  source: Optional[str] = None, at=None, causal_kernel: Optional[str] = None):
     """The samples as the predictors' TrainingSets, keyed by (op, phase) like load_cluster.
 
     ``file_index`` is 0 (the store) and ``line`` the sample id, so a row the cleaning drops
     can be traced back. One device and one dtype at a time: mixing two machines (or fp16
     with bf16) in one regressor would fit neither; pass device= / dtype= to choose.
     ``at``: a profile/one_speed.OneSpeed the samples are brought to, each by the readings it
-    was timed beside or by its step's median; None: as timed.
+    was timed beside or by its step's median; None: as timed. ``causal_kernel``: the kernel the
+    device ran causal attention with (TrainingSet.causal_kernel).
     """
     from neox_perf.profile.one_speed import sample_seconds, step_speed
     from neox_perf.calibration.store import SampleStore, feature_names
@@ -144,5 +145,6 @@ def training_sets(store_path, *, device: Optional[int] = None, dtype: Optional[s
                 op, phase, {n: np.array([s.features[n] for s in group], dtype=float)
                             for n in feature_names(op)},
                 np.array([sample_seconds(s.seconds, s.info, nominal, step) for s in group], dtype=float),
-                np.zeros(len(group), dtype=np.int64), np.array([s.id for s in group], dtype=np.int64))
+                np.zeros(len(group), dtype=np.int64), np.array([s.id for s in group], dtype=np.int64),
+                causal_kernel=causal_kernel)
             for (op, phase), group in groups.items()}

@@ -178,6 +178,8 @@ def fit_set(key: str, op: str, phase: str, ts, facts, grid, pool: "_ArrayPool",
         notes.extend(_link_notes(op, entry["baseline"], facts, topo))
     else:
         entry["baseline"] = _roofline_entry(result.coef, limits[0])
+        if ts.causal_kernel is not None and "causal" in names:
+            entry["baseline"]["causal_kernel"] = ts.causal_kernel
         operators.setdefault(op, {})[phase] = entry
     return result
 

@@ -52,6 +52,46 @@ def test_causal_work_counts_the_diagonal_tiles(l, fraction):
     assert ratio == pytest.approx(fraction, rel=1e-3)
 
 
+def _torch_cpu_mask_fraction(l):
+    """The work PyTorch's CPU kernel does, counted cell by cell: a query block [m, m + q) scores
+    every key of each 512-key block that starts below m + q (FlashAttentionKernel.cpp)."""
+    q = 256 if l >= 768 else 64 if l >= 192 else 32
+    starts = np.arange(0, l, min(512, l))
+    cells = 0
+    for m in range(0, l, q):
+        rows = min(q, l - m)
+        entered = starts[starts < m + rows]
+        cells += rows * sum(min(512, l - n) for n in entered)
+    return cells / (l * l)
+
+
+@pytest.mark.parametrize("l, fraction", [(64, 1.0), (191, 1.0), (384, 1.0), (512, 1.0), (768, 7 / 9),
+                                         (1024, 0.75), (1536, 2 / 3), (2048, 0.625), (4096, 0.5625)])
+def test_torch_cpu_causal_work_follows_its_blocks(l, fraction):
+    # PyTorch's CPU kernel skips only whole 512-key blocks: nothing up to one block, where
+    # FlashAttention-2's 128-row tiles already save a quarter at l 256
+    assert opspec.causal_work_fraction(l, opspec.TORCH_CPU) == pytest.approx(fraction, rel=1e-9)
+    assert opspec.causal_work_fraction(l, opspec.TORCH_CPU) == pytest.approx(_torch_cpu_mask_fraction(l))
+    f = {"b": 2, "l": l, "heads": 4, "head_dim": 64}
+    for phase in ("fwd", "bwd"):
+        full = opspec.op_flops("flash_attention", phase, dict(f, causal=0), causal_kernel=opspec.TORCH_CPU)
+        assert full == opspec.op_flops("flash_attention", phase, dict(f, causal=0))  # non-causal: no blocks skipped
+        causal = opspec.op_flops("flash_attention", phase, dict(f, causal=1), causal_kernel=opspec.TORCH_CPU)
+        assert causal / full == pytest.approx(fraction, rel=1e-9)
+
+
+def test_causal_kernel_reaches_only_causal_operators():
+    f = {"b": np.array([1.0, 1.0, 2.0]), "l": np.array([1024.0, 2048.0, 2048.0]), "heads": 4.0,
+         "head_dim": 64.0, "causal": np.array([1.0, 1.0, 0.0])}
+    cpu = opspec.op_flops("flash_attention", "fwd", f, causal_kernel=opspec.TORCH_CPU)
+    gpu = opspec.op_flops("flash_attention", "fwd", f)
+    np.testing.assert_allclose(cpu / gpu, [0.75 / (9 / 16), 0.625 / (17 / 32), 1.0])
+    g = {"m": 1024, "k": 512, "n": 256}
+    assert opspec.op_flops("linear1", "fwd", g, causal_kernel=opspec.TORCH_CPU) == opspec.op_flops("linear1", "fwd", g)
+    with pytest.raises(ValueError, match="unknown causal kernel"):
+        opspec.causal_work_fraction(1024, "tpu")
+
+
 def test_vectorised_features():
     f = {"m": np.array([1.0, 2.0]), "k": 3.0, "n": 4.0}
     np.testing.assert_allclose(opspec.op_flops("linear3", "fwd", f), [24.0, 48.0])

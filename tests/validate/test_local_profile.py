@@ -63,6 +63,58 @@ def test_a_small_store_fits_a_loadable_profile(tmp_path):
     assert rows[("allreduce", "comm")].model == "baseline"  # four rows: too few for trees
 
 
+def _cpu_flash(phase, f):
+    """Causal attention as PyTorch's CPU kernel runs it: its own blocks' work (opspec.TORCH_CPU)."""
+    return (2e-5 + opspec.op_flops("flash_attention", phase, f, causal_kernel=opspec.TORCH_CPU) / 5e10
+            + opspec.op_bytes("flash_attention", phase, f) / 1e10)
+
+
+def test_a_cpu_calibration_prices_causal_attention_with_the_cpu_kernels_blocks(tmp_path):
+    # The CPU kernel skips whole 512-key blocks (3/4 of the work at l 1024, 5/8 at 2048), where
+    # FlashAttention-2's 128-row tiles skip more (9/16, 17/32). Fitted against the tiles, the
+    # trees carry a residual that moves with l and read a length between the samples wrong; the
+    # profile records the kernel and prices the lengths between and past them as it runs.
+    rng = np.random.default_rng(1)
+    _store(tmp_path / "s.sqlite", rng)
+    with SampleStore(tmp_path / "s.sqlite") as store:
+        dev = store.register_device(FINGERPRINT)
+        run = store.register_run("calibrate", device=dev, plan="flash", info={"dtype": "fp32"})
+        for b in (1, 2):
+            for heads in (4, 8):
+                for l in (256, 512, 1024, 2048, 4096):
+                    for causal in (0, 1):
+                        f = {"b": b, "l": l, "heads": heads, "head_dim": 64, "causal": causal}
+                        for phase in ("fwd", "bwd"):
+                            store.add_sample("flash_attention", phase, f,
+                                             _cpu_flash(phase, f) * rng.uniform(0.98, 1.02),
+                                             device=dev, run=run, dtype="fp32")
+    fit_store(tmp_path / "s.sqlite", "synthetic", tmp_path / "p", grid=fit.QUICK_GRID)
+    profile = load_profile(tmp_path / "p")
+    entry = profile.manifest.to_dict()["operators"]["flash_attention"]["fwd"]
+    assert entry["baseline"]["causal_kernel"] == opspec.TORCH_CPU
+    for l in (768, 1536, 3072):  # between the sampled lengths
+        for phase in ("fwd", "bwd"):
+            f = {"b": 1, "l": l, "heads": 6, "head_dim": 64, "causal": 1}
+            one = profile.predict("flash_attention", phase, f).seconds
+            assert one == pytest.approx(_cpu_flash(phase, f), rel=0.04), (l, phase)
+            many = profile.predict_many("flash_attention", phase, {k: [v] for k, v in f.items()}).seconds[0]
+            assert many == pytest.approx(one, rel=1e-9)
+
+
+def test_a_causal_kernel_the_profile_does_not_know_is_one_line(tmp_path):
+    from neox_perf.errors import ProfileError
+    _store(tmp_path / "s.sqlite", np.random.default_rng(0))
+    fit_store(tmp_path / "s.sqlite", "synthetic", tmp_path / "p", grid=fit.QUICK_GRID)
+    path = tmp_path / "p" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["operators"]["linear1"]["fwd"]["baseline"]["causal_kernel"] = "tpu-v5"
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(ProfileError) as err:
+        load_profile(tmp_path / "p")
+    text = str(err.value)
+    assert "operators.linear1.fwd.baseline" in text and "tpu-v5" in text and "\n" not in text
+
+
 TENSORS = (10, 14, 11, 13)
 
 
